@@ -1,0 +1,1 @@
+"""gRPC servicers: validate, call a component, map errors to status codes."""

@@ -1,0 +1,116 @@
+"""JobService: the public job API (proto/peloton/v1/job.proto)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+
+from peloton.api import convert
+from peloton.errors import InvalidArgument
+from peloton.jobmgr.manager import JobManager
+from peloton.jobmgr.records import JobFilter
+from peloton.jobmgr.states import JOB_TERMINAL
+from peloton.v1 import job_pb2, job_pb2_grpc
+
+# How long a watcher sleeps when nothing is published (another daemon may write the database).
+WATCH_POLL_SECONDS = 1.0
+
+
+class JobService(job_pb2_grpc.JobServiceServicer):
+    def __init__(self, jobs: JobManager) -> None:
+        self._jobs = jobs
+
+    def CreateJob(
+        self, request: job_pb2.CreateJobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.CreateJobResponse:
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec", "is required")
+        job, created = self._jobs.create_job(request.spec, request.request_id)
+        return job_pb2.CreateJobResponse(job=convert.job_pb(job), created=created)
+
+    def GetJob(
+        self, request: job_pb2.GetJobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.GetJobResponse:
+        return job_pb2.GetJobResponse(job=convert.job_pb(self._jobs.get_job(_job_id(request))))
+
+    def ListJobs(
+        self, request: job_pb2.ListJobsRequest, context: grpc.ServicerContext
+    ) -> job_pb2.ListJobsResponse:
+        flt = JobFilter(
+            states=frozenset(convert.job_state_from_pb(s) for s in request.states),
+            pool=request.pool,
+            name_prefix=request.name_prefix,
+            labels=dict(request.labels),
+        )
+        jobs, token = self._jobs.list_jobs(flt, request.page_size, request.page_token)
+        return job_pb2.ListJobsResponse(
+            jobs=[convert.job_pb(j) for j in jobs], next_page_token=token
+        )
+
+    def KillJob(
+        self, request: job_pb2.KillJobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.KillJobResponse:
+        job = self._jobs.kill_job(_job_id(request), request.message)
+        return job_pb2.KillJobResponse(job=convert.job_pb(job))
+
+    def RestartJob(
+        self, request: job_pb2.RestartJobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.RestartJobResponse:
+        job = self._jobs.restart_job(_job_id(request), request.message)
+        return job_pb2.RestartJobResponse(job=convert.job_pb(job))
+
+    def DeleteJob(
+        self, request: job_pb2.DeleteJobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.DeleteJobResponse:
+        self._jobs.delete_job(_job_id(request))
+        return job_pb2.DeleteJobResponse()
+
+    def GetTask(
+        self, request: job_pb2.GetTaskRequest, context: grpc.ServicerContext
+    ) -> job_pb2.GetTaskResponse:
+        task, events = self._jobs.get_task(_job_id(request), request.instance_id)
+        return job_pb2.GetTaskResponse(
+            task=convert.task_pb(task), events=[convert.event_pb(e) for e in events]
+        )
+
+    def ListTasks(
+        self, request: job_pb2.ListTasksRequest, context: grpc.ServicerContext
+    ) -> job_pb2.ListTasksResponse:
+        states = frozenset(convert.task_state_from_pb(s) for s in request.states)
+        tasks, token = self._jobs.list_tasks(
+            _job_id(request), states, request.page_size, request.page_token
+        )
+        return job_pb2.ListTasksResponse(
+            tasks=[convert.task_pb(t) for t in tasks], next_page_token=token
+        )
+
+    def WatchJob(
+        self, request: job_pb2.WatchJobRequest, context: grpc.ServicerContext
+    ) -> Iterator[job_pb2.WatchJobResponse]:
+        """Send the job's events after ``after_sequence`` as they are committed; end once the
+        job is terminal and every event up to then was sent, or when the server shuts down."""
+        job_id = _job_id(request)
+        last = request.after_sequence
+        bus = self._jobs.events
+        while context.is_active():
+            seen = bus.generation()
+            job = self._jobs.get_job(job_id)
+            batch = self._jobs.job_events(job_id, after=last)
+            for event in batch:
+                yield job_pb2.WatchJobResponse(
+                    event=convert.event_pb(event), job_state=convert.job_state_pb(job.state)
+                )
+                last = event.sequence
+            if batch:
+                continue
+            if job.state in JOB_TERMINAL or bus.closed:
+                return
+            bus.wait(seen, WATCH_POLL_SECONDS)
+
+
+def _job_id(request: job_pb2.GetJobRequest | job_pb2.KillJobRequest | object) -> str:
+    job_id: str = getattr(request, "job_id", "")
+    if not job_id:
+        raise InvalidArgument("job_id", "is required")
+    return job_id

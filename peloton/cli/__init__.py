@@ -1,0 +1,1 @@
+"""The ``peloton`` command line."""

@@ -1,0 +1,250 @@
+"""``peloton job ...`` and ``peloton task ...``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from peloton.cli import output as out
+from peloton.cli.main import cli_error
+from peloton.client import PelotonClient
+from peloton.jobmgr.spec import check_pool_path, load_job_spec_yaml
+from peloton.jobmgr.states import JobState, TaskState
+from peloton.v1 import job_pb2
+
+JOB_STATES = [s.value for s in JobState]
+TASK_STATES = [s.value for s in TaskState]
+
+
+
+@contextmanager
+def connect(ctx: click.Context) -> Iterator[PelotonClient]:
+    """A client for the command's --server; every error becomes a one-line CliError."""
+    obj = ctx.find_root().obj
+    try:
+        with PelotonClient(obj["server"], timeout=obj["timeout"]) as client:
+            yield client
+    except click.ClickException:
+        raise
+    except Exception as exc:
+        raise cli_error(exc, obj["server"]) from None
+
+
+def _label(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--label")
+        out[key] = value
+    return out
+
+
+@click.group()
+def job() -> None:
+    """Submit, inspect, kill, restart and delete jobs."""
+
+
+@job.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True))
+@click.option("--pool", "-p", help="Put the job in this leaf pool (overrides the file).")
+@click.option("--request-id", default="", help="Idempotency key: retrying returns the same job.")
+@out.output_option
+@click.pass_context
+def submit(ctx: click.Context, file: Path, pool: str | None, request_id: str, fmt: str) -> None:
+    """Submit the job described in FILE (YAML; - reads standard input)."""
+    try:
+        text = sys.stdin.read() if str(file) == "-" else file.read_text()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {file}: {exc.strerror}", param_hint="FILE") from None
+    try:
+        spec = load_job_spec_yaml(text)
+        if pool is not None:
+            check_pool_path(pool, "--pool")
+            spec.pool = pool
+    except Exception as exc:
+        raise cli_error(exc) from None
+    with connect(ctx) as client:
+        response = client.create_job_ex(spec, request_id)
+    if fmt == "table":
+        verb = "created" if response.created else "already exists (same request id)"
+        click.echo(f"job {response.job.job_id} {verb}")
+    else:
+        out.emit_data(out.to_dict(response.job), fmt)
+
+
+@job.command()
+@click.argument("job_id")
+@out.output_option
+@click.pass_context
+def get(ctx: click.Context, job_id: str, fmt: str) -> None:
+    """Show one job: state, why it is in it, and its tasks' states."""
+    with connect(ctx) as client:
+        j = client.get_job(job_id)
+    if fmt == "table":
+        out.print_job(j)
+    else:
+        out.emit_data(out.to_dict(j), fmt)
+
+
+@job.command(name="list")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(JOB_STATES, case_sensitive=False),
+    help="Only jobs in this state (repeatable).",
+)
+@click.option("--pool", "-p", default="", help="Only jobs in this pool.")
+@click.option("--name", "name_prefix", default="", help="Only jobs whose name starts with this.")
+@click.option(
+    "--label", "-l", "labels", multiple=True, help="Only jobs with KEY=VALUE (repeatable)."
+)
+@click.option(
+    "--limit", default=100, show_default=True, type=click.IntRange(1, 1000), help="Jobs per page."
+)
+@click.option("--all", "all_pages", is_flag=True, help="Fetch every page, not just the first.")
+@out.output_option
+@click.pass_context
+def list_(
+    ctx: click.Context,
+    states: tuple[str, ...],
+    pool: str,
+    name_prefix: str,
+    labels: tuple[str, ...],
+    limit: int,
+    all_pages: bool,
+    fmt: str,
+) -> None:
+    """List jobs, newest first."""
+    filters = {
+        "states": [job_pb2.JobState.Value("JOB_STATE_" + s.upper()) for s in states],
+        "pool": pool,
+        "name_prefix": name_prefix,
+        "labels": _label(labels),
+    }
+    jobs: list[job_pb2.Job] = []
+    more = ""
+    with connect(ctx) as client:
+        token = ""
+        while True:
+            page = client.list_jobs(page_size=limit, page_token=token, **filters)  # type: ignore[arg-type]
+            jobs.extend(page.jobs)
+            token = page.next_page_token
+            if not token or not all_pages:
+                more = token
+                break
+    if fmt == "table":
+        out.print_jobs(jobs)
+        if more:
+            click.echo("(more jobs: use --all or --limit)", err=True)
+    else:
+        out.emit_data({"jobs": [out.to_dict(j) for j in jobs], "next_page_token": more}, fmt)
+
+
+@job.command()
+@click.argument("job_id")
+@click.option("--message", "-m", default="", help="Why; kept in the job's events.")
+@out.output_option
+@click.pass_context
+def kill(ctx: click.Context, job_id: str, message: str, fmt: str) -> None:
+    """Kill a job's tasks (SIGTERM, then SIGKILL after the job's grace period)."""
+    with connect(ctx) as client:
+        j = client.kill_job(job_id, message)
+    _show_state(j, fmt)
+
+
+@job.command()
+@click.argument("job_id")
+@click.option("--message", "-m", default="", help="Why; kept in the job's events.")
+@out.output_option
+@click.pass_context
+def restart(ctx: click.Context, job_id: str, message: str, fmt: str) -> None:
+    """Start a new attempt of every task of a job."""
+    with connect(ctx) as client:
+        j = client.restart_job(job_id, message)
+    _show_state(j, fmt)
+
+
+@job.command()
+@click.argument("job_id")
+@click.pass_context
+def delete(ctx: click.Context, job_id: str) -> None:
+    """Delete a job that has ended (SUCCEEDED, FAILED or KILLED) and its history."""
+    with connect(ctx) as client:
+        client.delete_job(job_id)
+    click.echo(f"job {job_id} deleted")
+
+
+@job.command()
+@click.argument("job_id")
+@out.output_option
+@click.pass_context
+def watch(ctx: click.Context, job_id: str, fmt: str) -> None:
+    """Print a job's events as they happen until it ends.
+
+    Exits 0 if the job SUCCEEDED, 1 if it FAILED or was KILLED.
+    """
+    final = job_pb2.JOB_STATE_UNSPECIFIED
+    with connect(ctx) as client:
+        for update in client.watch_job(job_id):
+            final = update.job_state
+            if fmt == "table":
+                click.echo(out.event_line(update.event))
+            else:
+                click.echo(out.one_line(out.to_dict(update), fmt))
+    if final != job_pb2.JOB_STATE_SUCCEEDED:
+        ctx.exit(1)
+
+
+def _show_state(j: job_pb2.Job, fmt: str) -> None:
+    if fmt == "table":
+        click.echo(f"job {j.job_id} {out.job_state(j.state)}")
+    else:
+        out.emit_data(out.to_dict(j), fmt)
+
+
+@click.group()
+def task() -> None:
+    """Inspect a job's tasks and their attempts."""
+
+
+@task.command(name="list")
+@click.argument("job_id")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(TASK_STATES, case_sensitive=False),
+    help="Only tasks in this state (repeatable).",
+)
+@out.output_option
+@click.pass_context
+def task_list(ctx: click.Context, job_id: str, states: tuple[str, ...], fmt: str) -> None:
+    """List a job's tasks with their current attempt."""
+    values = [job_pb2.TaskState.Value("TASK_STATE_" + s.upper()) for s in states]
+    with connect(ctx) as client:
+        tasks = list(client.iter_tasks(job_id, states=values))
+    if fmt == "table":
+        out.print_tasks(tasks)
+    else:
+        out.emit_data({"tasks": [out.to_dict(t) for t in tasks]}, fmt)
+
+
+@task.command(name="get")
+@click.argument("job_id")
+@click.argument("instance", type=click.IntRange(min=0))
+@out.output_option
+@click.pass_context
+def task_get(ctx: click.Context, job_id: str, instance: int, fmt: str) -> None:
+    """Show one task: its current attempt, earlier attempts and events."""
+    with connect(ctx) as client:
+        response = client.get_task(job_id, instance)
+    if fmt == "table":
+        out.print_task(response)
+    else:
+        out.emit_data(out.to_dict(response), fmt)

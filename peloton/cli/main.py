@@ -1,0 +1,121 @@
+"""Entry point of the ``peloton`` command: errors become one line and an exit code.
+
+Exit codes: 0 ok; 1 the server refused or failed (not found, wrong state, unreachable); 2 usage or
+validation error (bad flag, bad spec, INVALID_ARGUMENT from the server).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import grpc
+
+from peloton.client import ClientError, default_server
+from peloton.errors import InvalidArgument, PelotonError
+
+EXIT_SERVER = 1
+EXIT_USAGE = 2
+
+
+class CliError(click.ClickException):
+    """A one-line error; ``code`` is the process exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_SERVER) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def show(self, file: object = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+def cli_error(exc: Exception, server: str = "") -> CliError:
+    """The one-line message and exit code for an error."""
+    if isinstance(exc, ClientError):
+        if exc.code == grpc.StatusCode.INVALID_ARGUMENT:
+            return CliError(f"invalid: {exc.details}", EXIT_USAGE)
+        if exc.code == grpc.StatusCode.UNAVAILABLE:
+            return CliError(f"cannot reach the peloton server at {server}: {exc.details}")
+        if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return CliError(f"the peloton server at {server} did not answer in time")
+        return CliError(f"{exc.code.name.lower().replace('_', ' ')}: {exc.details}")
+    if isinstance(exc, InvalidArgument):
+        return CliError(f"invalid: {exc}", EXIT_USAGE)
+    if isinstance(exc, PelotonError):
+        return CliError(str(exc))
+    return CliError(f"internal error: {exc.__class__.__name__}: {exc}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--server",
+    "-s",
+    default=default_server,
+    show_default="PELOTON_SERVER or 127.0.0.1:5392",
+    help="Address of the peloton server (HOST:PORT).",
+)
+@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for each call.")
+@click.version_option(package_name="peloton")
+@click.pass_context
+def cli(ctx: click.Context, server: str, timeout: float) -> None:
+    """peloton: a GPU gang scheduler for distributed deep learning on Apache Mesos.
+
+    \b
+    Examples:
+      peloton job submit examples/job.yaml
+      peloton job list --state RUNNING -o json
+      peloton job watch JOB_ID
+      peloton server --db-url postgresql://peloton@db/peloton
+
+    Shell completion: eval "$(peloton completion bash)"
+    """
+    ctx.obj = {"server": server, "timeout": timeout}
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script for SHELL."""
+    from click.shell_completion import get_completion_class
+
+    comp_cls = get_completion_class(shell)
+    assert comp_cls is not None
+    comp = comp_cls(cli, {}, "peloton", "_PELOTON_COMPLETE")
+    click.echo(comp.source())
+
+
+def _register() -> None:
+    from peloton.cli import db, jobs, server
+
+    cli.add_command(jobs.job)
+    cli.add_command(jobs.task)
+    cli.add_command(server.server)
+    cli.add_command(db.db)
+
+
+_register()
+
+
+def main() -> None:
+    try:
+        cli.main(prog_name="peloton", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except CliError as exc:
+        exc.show()
+        sys.exit(exc.code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:
+        if os.environ.get("PELOTON_DEBUG"):
+            raise
+        err = cli_error(exc)
+        err.show()
+        sys.exit(err.code)

@@ -1,0 +1,173 @@
+"""Rendering for the CLI: readable tables, or JSON/YAML for scripts (``--output``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+import yaml
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from peloton.v1 import job_pb2
+
+FORMATS = ("table", "json", "yaml")
+
+output_option = click.option(
+    "--output",
+    "-o",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="table",
+    show_default=True,
+    envvar="PELOTON_OUTPUT",
+    help="Output format: a table for people, json or yaml for scripts.",
+)
+
+
+def console() -> Console:
+    # Wide when piped so tables are not cut at 80 columns in logs and CI output.
+    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def emit_data(data: Any, fmt: str) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(data, indent=2, sort_keys=False))
+    else:
+        click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+def one_line(data: Any, fmt: str) -> str:
+    """One streamed item: a JSON line, or a YAML document."""
+    if fmt == "json":
+        return json.dumps(data)
+    return "---\n" + yaml.safe_dump(data, sort_keys=False).rstrip()
+
+
+def job_state(value: int) -> str:
+    return job_pb2.JobState.Name(value).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
+
+
+def task_state(value: int) -> str:
+    return job_pb2.TaskState.Name(value).removeprefix("TASK_STATE_")  # type: ignore[arg-type]
+
+
+def when(ts: Any) -> str:
+    if not ts.seconds and not ts.nanos:
+        return "-"
+    value: datetime = ts.ToDatetime(tzinfo=UTC)
+    return value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def task_summary(job: job_pb2.Job) -> str:
+    parts = [f"{c.count} {task_state(c.state).lower()}" for c in job.task_states]
+    return ", ".join(parts) or "-"
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def print_jobs(jobs: Sequence[job_pb2.Job]) -> None:
+    rows = [
+        (
+            j.job_id,
+            j.spec.name,
+            j.spec.pool,
+            job_state(j.state),
+            task_summary(j),
+            when(j.created_at),
+        )
+        for j in jobs
+    ]
+    console().print(table(("JOB", "NAME", "POOL", "STATE", "TASKS", "CREATED"), rows))
+
+
+def print_job(job: job_pb2.Job) -> None:
+    spec = job.spec
+    r = spec.task.resources
+    lines = [
+        ("Job", job.job_id),
+        ("Name", spec.name),
+        ("Pool", spec.pool),
+        ("State", job_state(job.state)),
+        ("Reason", " - ".join(x for x in (job.reason, job.message) if x) or "-"),
+        ("Priority", str(spec.priority)),
+        ("Instances", f"{spec.instances} (gang of {spec.gang.min_instances})"),
+        ("Tasks", task_summary(job)),
+        ("Resources", f"cpu {r.cpu:g}, mem {r.mem_mb:g} MB, disk {r.disk_mb:g} MB, gpu {r.gpu:g}"),
+        ("Command", spec.task.command),
+        ("Labels", ", ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or "-"),
+        ("Created", when(job.created_at)),
+        ("Updated", when(job.updated_at)),
+    ]
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        click.echo(f"{key + ':':<{width + 1}} {value}")
+
+
+def print_tasks(tasks: Sequence[job_pb2.Task]) -> None:
+    rows = [
+        (
+            str(t.instance_id),
+            task_state(t.state),
+            str(t.current.attempt),
+            t.current.host or "-",
+            " - ".join(x for x in (t.current.reason, t.current.message) if x) or "-",
+        )
+        for t in tasks
+    ]
+    console().print(table(("INSTANCE", "STATE", "ATTEMPT", "HOST", "REASON"), rows))
+
+
+def event_line(event: job_pb2.JobEvent) -> str:
+    who = f"task {event.instance_id}" if event.has_instance else "job"
+    change = f"{event.from_state or '-'} -> {event.to_state}"
+    why = " - ".join(x for x in (event.reason, event.message) if x)
+    host = f" on {event.host}" if event.host else ""
+    return f"{when(event.time)}  {who:<10} {change:<24}{host}  {why}".rstrip()
+
+
+def print_task(response: job_pb2.GetTaskResponse) -> None:
+    t = response.task
+    click.echo(f"Task:     {t.job_id} instance {t.instance_id}")
+    click.echo(f"State:    {task_state(t.state)}")
+    click.echo(f"Attempt:  {t.current.attempt_id}")
+    click.echo(f"Host:     {t.current.host or '-'}")
+    click.echo(f"Failures: {t.failures}")
+    reason = " - ".join(x for x in (t.current.reason, t.current.message) if x)
+    click.echo(f"Reason:   {reason or '-'}")
+    if t.history:
+        click.echo("History:")
+        rows = [
+            (
+                a.attempt_id,
+                task_state(a.state),
+                a.host or "-",
+                when(a.started_at),
+                when(a.ended_at),
+                " - ".join(x for x in (a.reason, a.message) if x) or "-",
+            )
+            for a in t.history
+        ]
+        console().print(table(("ATTEMPT", "STATE", "HOST", "STARTED", "ENDED", "REASON"), rows))
+    if response.events:
+        click.echo("Events:")
+        for e in response.events:
+            click.echo("  " + event_line(e))

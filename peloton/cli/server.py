@@ -1,0 +1,158 @@
+"""``peloton server``: run the daemon."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from peloton.cli.main import cli_error
+from peloton.config import ServerConfig, load_config_file
+from peloton.logs import setup_logging
+
+F = TypeVar("F", bound=Callable[..., Any])
+_DEFAULTS = ServerConfig()
+
+
+def _load_config(ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
+    """Eager: the file's values become the defaults that environment and flags override."""
+    if value is not None:
+        try:
+            ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value)}
+        except Exception as exc:
+            raise cli_error(exc) from None
+    return value
+
+
+config_option = click.option(
+    "--config",
+    "-c",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="PELOTON_CONFIG",
+    is_eager=True,
+    expose_value=False,
+    callback=_load_config,
+    help="YAML file of options (keys as the flags, with _); flags and PELOTON_* override it.",
+)
+
+
+def database_options(f: F) -> F:
+    f = click.option(
+        "--data-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=_DEFAULTS.data_dir,
+        envvar="PELOTON_DATA_DIR",
+        show_default=True,
+        help="Directory for the embedded SQLite database.",
+    )(f)
+    f = click.option(
+        "--db-url",
+        default="",
+        envvar="PELOTON_DB_URL",
+        help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB [default: SQLite in the data dir].",
+    )(f)
+    return f
+
+
+@click.command()
+@config_option
+@database_options
+@click.option(
+    "--grpc-host",
+    default=_DEFAULTS.grpc_host,
+    envvar="PELOTON_GRPC_HOST",
+    show_default=True,
+    help="Address the gRPC API listens on.",
+)
+@click.option(
+    "--grpc-port",
+    type=click.IntRange(0, 65535),
+    default=_DEFAULTS.grpc_port,
+    envvar="PELOTON_GRPC_PORT",
+    show_default=True,
+    help="gRPC API port (0: any free).",
+)
+@click.option(
+    "--metrics-host",
+    default=_DEFAULTS.metrics_host,
+    envvar="PELOTON_METRICS_HOST",
+    show_default=True,
+    help="Address of the Prometheus /metrics endpoint.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=_DEFAULTS.metrics_port,
+    envvar="PELOTON_METRICS_PORT",
+    show_default=True,
+    help="Prometheus /metrics port (0: any free).",
+)
+@click.option(
+    "--grpc-workers",
+    type=click.IntRange(1, 1024),
+    default=_DEFAULTS.grpc_workers,
+    envvar="PELOTON_GRPC_WORKERS",
+    show_default=True,
+    help="Threads serving RPCs.",
+)
+@click.option(
+    "--shutdown-grace-seconds",
+    type=click.FloatRange(0),
+    show_default=True,
+    default=_DEFAULTS.shutdown_grace_seconds,
+    envvar="PELOTON_SHUTDOWN_GRACE_SECONDS",
+    help="Time in-flight RPCs get to finish on SIGTERM.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default=_DEFAULTS.log_level,
+    envvar="PELOTON_LOG_LEVEL",
+    show_default=True,
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["json", "text"]),
+    default=_DEFAULTS.log_format,
+    envvar="PELOTON_LOG_FORMAT",
+    show_default=True,
+)
+@click.option(
+    "--port-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write 'GRPC_PORT METRICS_PORT' here once listening (for scripts using port 0).",
+)
+def server(port_file: Path | None, **options: Any) -> None:
+    """Run the peloton daemon until SIGTERM or SIGINT.
+
+    The database must be migrated first: peloton db upgrade --db-url URL.
+    """
+    names = {f.name for f in fields(ServerConfig)}
+    config = ServerConfig(**{k: v for k, v in options.items() if k in names})
+    setup_logging(config.log_level, config.log_format)
+    from peloton.server import Server  # heavy imports only when serving
+
+    daemon = Server(config)
+    if port_file is not None:
+        _announce_ports(daemon, port_file)
+    try:
+        daemon.run_until_signalled()
+    except Exception as exc:
+        daemon.stop(0)
+        raise cli_error(exc) from None
+
+
+def _announce_ports(daemon: Any, port_file: Path) -> None:
+    start = daemon.start
+
+    def start_and_write() -> None:
+        start()
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(f"{daemon.grpc_port} {daemon.metrics_port}\n")
+        tmp.replace(port_file)  # atomic: readers never see half a file
+
+    daemon.start = start_and_write

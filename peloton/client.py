@@ -1,0 +1,179 @@
+"""A typed Python client for the peloton gRPC API.
+
+Example::
+
+    from peloton.client import PelotonClient
+    from peloton.jobmgr.spec import load_job_spec_yaml
+
+    with PelotonClient("127.0.0.1:5392") as client:
+        job = client.create_job(load_job_spec_yaml(open("job.yaml").read()))
+        for update in client.watch_job(job.job_id):
+            print(update.event.to_state)
+
+Every method raises :class:`ClientError` (with the gRPC status code) when the server refuses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import TypeVar
+
+import grpc
+
+from peloton.v1 import job_pb2, job_pb2_grpc
+
+R = TypeVar("R")
+DEFAULT_SERVER = "127.0.0.1:5392"
+
+
+def default_server() -> str:
+    return os.environ.get("PELOTON_SERVER", DEFAULT_SERVER)
+
+
+class ClientError(Exception):
+    """The server answered with an error status (or could not be reached)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+def _error(exc: grpc.RpcError) -> ClientError:
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return ClientError(code, details or code.name)
+
+
+class PelotonClient:
+    """Typed methods for every RPC; ``timeout`` (seconds) bounds each unary call."""
+
+    def __init__(self, server: str | None = None, *, timeout: float = 30.0) -> None:
+        self.server = server or default_server()
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(self.server)
+        self._jobs = job_pb2_grpc.JobServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> PelotonClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ jobs
+
+    def create_job(self, spec: job_pb2.JobSpec, request_id: str = "") -> job_pb2.Job:
+        return self.create_job_ex(spec, request_id).job
+
+    def create_job_ex(
+        self, spec: job_pb2.JobSpec, request_id: str = ""
+    ) -> job_pb2.CreateJobResponse:
+        """CreateJob with the full response (``created`` tells a retry from a new job)."""
+        return self._call(
+            self._jobs.CreateJob, job_pb2.CreateJobRequest(spec=spec, request_id=request_id)
+        )
+
+    def get_job(self, job_id: str) -> job_pb2.Job:
+        return self._call(self._jobs.GetJob, job_pb2.GetJobRequest(job_id=job_id)).job
+
+    def list_jobs(
+        self,
+        *,
+        states: Sequence[job_pb2.JobState.ValueType] = (),
+        pool: str = "",
+        name_prefix: str = "",
+        labels: Mapping[str, str] | None = None,
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> job_pb2.ListJobsResponse:
+        """One page of jobs, newest first; pass ``next_page_token`` back for the next one."""
+        request = job_pb2.ListJobsRequest(
+            states=states,
+            pool=pool,
+            name_prefix=name_prefix,
+            labels=labels or {},
+            page_size=page_size,
+            page_token=page_token,
+        )
+        return self._call(self._jobs.ListJobs, request)
+
+    def iter_jobs(self, **filters: object) -> Iterator[job_pb2.Job]:
+        """Every job matching the filters of :meth:`list_jobs`, across pages."""
+        token = ""
+        while True:
+            page = self.list_jobs(page_token=token, **filters)  # type: ignore[arg-type]
+            yield from page.jobs
+            token = page.next_page_token
+            if not token:
+                return
+
+    def kill_job(self, job_id: str, message: str = "") -> job_pb2.Job:
+        request = job_pb2.KillJobRequest(job_id=job_id, message=message)
+        return self._call(self._jobs.KillJob, request).job
+
+    def restart_job(self, job_id: str, message: str = "") -> job_pb2.Job:
+        request = job_pb2.RestartJobRequest(job_id=job_id, message=message)
+        return self._call(self._jobs.RestartJob, request).job
+
+    def delete_job(self, job_id: str) -> None:
+        self._call(self._jobs.DeleteJob, job_pb2.DeleteJobRequest(job_id=job_id))
+
+    def watch_job(self, job_id: str, after_sequence: int = 0) -> Iterator[job_pb2.WatchJobResponse]:
+        """The job's events as they happen, ending when the job is terminal."""
+        stream = self._jobs.WatchJob(
+            job_pb2.WatchJobRequest(job_id=job_id, after_sequence=after_sequence)
+        )
+        try:
+            yield from stream
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        finally:
+            stream.cancel()
+
+    # ------------------------------------------------------------------ tasks
+
+    def get_task(self, job_id: str, instance_id: int) -> job_pb2.GetTaskResponse:
+        request = job_pb2.GetTaskRequest(job_id=job_id, instance_id=instance_id)
+        return self._call(self._jobs.GetTask, request)
+
+    def list_tasks(
+        self,
+        job_id: str,
+        *,
+        states: Sequence[job_pb2.TaskState.ValueType] = (),
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> job_pb2.ListTasksResponse:
+        request = job_pb2.ListTasksRequest(
+            job_id=job_id, states=states, page_size=page_size, page_token=page_token
+        )
+        return self._call(self._jobs.ListTasks, request)
+
+    def iter_tasks(
+        self, job_id: str, *, states: Sequence[job_pb2.TaskState.ValueType] = ()
+    ) -> Iterator[job_pb2.Task]:
+        token = ""
+        while True:
+            page = self.list_tasks(job_id, states=states, page_token=token)
+            yield from page.tasks
+            token = page.next_page_token
+            if not token:
+                return
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _call(self, method: Callable[..., R], request: object) -> R:
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None

@@ -1,0 +1,72 @@
+"""Daemon configuration: defaults < config file (YAML) < PELOTON_* environment < flags.
+
+The precedence is applied by the CLI (click reads flags and environment and takes the file as its
+defaults); this module defines the options, their defaults and the file format.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from peloton.errors import InvalidArgument
+from peloton.storage.db import default_sqlite_url
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "peloton"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Every option of ``peloton server``; the config file uses these names as keys."""
+
+    # Database URL: sqlite:///PATH or postgresql://USER@HOST:PORT/DB. Empty: SQLite in data_dir.
+    db_url: str = ""
+    # Directory for the embedded database and other local state.
+    data_dir: Path = field(default_factory=default_data_dir)
+    # Address and port of the gRPC API.
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 5392
+    # Address and port of the Prometheus /metrics endpoint.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9392
+    # Threads serving RPCs.
+    grpc_workers: int = 32
+    # Seconds in-flight RPCs may take to finish on SIGTERM.
+    shutdown_grace_seconds: float = 10.0
+    # Logging: debug, info, warning, error; json or text.
+    log_level: str = "info"
+    log_format: str = "json"
+
+    @property
+    def database_url(self) -> str:
+        return self.db_url or default_sqlite_url(self.data_dir)
+
+
+CONFIG_KEYS = tuple(f.name for f in fields(ServerConfig))
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a YAML config file; unknown keys and wrong shapes are errors naming the key."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InvalidArgument("config", f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise InvalidArgument("config", f"{path} is not valid YAML") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InvalidArgument("config", f"{path} must be a mapping of option: value")
+    for key in data:
+        if key not in CONFIG_KEYS:
+            raise InvalidArgument(
+                f"config.{key}", f"unknown option; known: {', '.join(CONFIG_KEYS)}"
+            )
+    return data

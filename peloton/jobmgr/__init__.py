@@ -1,0 +1,1 @@
+"""Job manager: jobs, tasks and gangs, their state machines and their lifecycle."""

@@ -1,0 +1,528 @@
+"""The job manager: creates, reads, kills, restarts and deletes jobs, and applies task updates.
+
+Every change happens in one write transaction that (1) locks the job row, (2) checks the change
+against the state tables, (3) writes the new states with one event row per change, and (4)
+re-derives the job's state from its tasks. Only after the commit are watchers woken and other
+components (the host manager's killer) told, so nobody acts on a change that was not persisted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Protocol
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from peloton.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from peloton.jobmgr import spec as specs
+from peloton.jobmgr.records import (
+    EventRecord,
+    JobFilter,
+    JobRecord,
+    TaskRecord,
+    TaskUpdate,
+    attempt_id,
+)
+from peloton.jobmgr.states import (
+    JOB_TERMINAL,
+    TASK_ACTIVE,
+    TASK_TERMINAL,
+    TASK_UNLAUNCHED,
+    Goal,
+    JobState,
+    TaskState,
+    check_job_transition,
+    check_task_transition,
+    derive_job_state,
+)
+from peloton.storage import jobs as repo
+from peloton.storage.db import Database
+from peloton.storage.models import JobRow, TaskRow
+from peloton.v1 import job_pb2
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+MAX_PAGE_JOBS = 1000
+DEFAULT_PAGE_JOBS = 100
+MAX_PAGE_TASKS = 10_000
+DEFAULT_PAGE_TASKS = 1000
+MAX_REQUEST_ID = 128
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class TaskKiller(Protocol):
+    """Stops running attempts on their hosts (the host manager implements it)."""
+
+    def kill(self, attempt_ids: Sequence[str], grace_seconds: int) -> None: ...
+
+
+class EventBus:
+    """Wakes watchers after a job's events were committed."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._closed = False
+
+    def publish(self) -> None:
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
+    def generation(self) -> int:
+        with self._cond:
+            return self._generation
+
+    def wait(self, seen: int, timeout: float) -> int:
+        """Block until something is published after generation ``seen`` (or timeout/close)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._generation != seen or self._closed, timeout)
+            return self._generation
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class JobManager:
+    """Jobs and tasks, their lifecycle, persisted through :mod:`peloton.storage.jobs`."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        clock: Clock = utcnow,
+        killer: TaskKiller | None = None,
+        events: EventBus | None = None,
+    ) -> None:
+        self._db = db
+        self._clock = clock
+        self._killer = killer
+        self.events = events or EventBus()
+
+    def set_killer(self, killer: TaskKiller) -> None:
+        self._killer = killer
+
+    # ------------------------------------------------------------------ create and read
+
+    def create_job(self, spec: job_pb2.JobSpec, request_id: str = "") -> tuple[JobRecord, bool]:
+        """Validate and persist a job with its tasks; idempotent on ``request_id``.
+
+        Returns the job and whether it was created now (False: an earlier request made it).
+        """
+        if len(request_id) > MAX_REQUEST_ID:
+            raise InvalidArgument("request_id", f"is longer than {MAX_REQUEST_ID} characters")
+        full = specs.with_defaults(spec)
+        specs.validate_job_spec(full)
+        if request_id:
+            existing = self._job_for_request(request_id, full)
+            if existing is not None:
+                return existing, False
+        job_id = str(uuid.uuid4())
+        try:
+            with self._db.writing() as session:
+                repo.insert_job(
+                    session,
+                    job_id=job_id,
+                    spec=full,
+                    request_id=request_id or None,
+                    now=self._clock(),
+                    task_state=TaskState.PENDING,
+                    job_state=JobState.PENDING,
+                )
+        except IntegrityError:
+            # Another request with the same id won the race; answer as it did.
+            existing = self._job_for_request(request_id, full) if request_id else None
+            if existing is None:
+                raise
+            return existing, False
+        self.events.publish()
+        log.info(
+            "job created",
+            extra={
+                "job_id": job_id,
+                "job_name": full.name,
+                "pool": full.pool,
+                "instances": full.instances,
+            },
+        )
+        return self.get_job(job_id), True
+
+    def _job_for_request(self, request_id: str, spec: job_pb2.JobSpec) -> JobRecord | None:
+        with self._db.reading() as session:
+            job_id = repo.job_id_for_request(session, request_id)
+            if job_id is None:
+                return None
+            job = repo.get_job(session, job_id)
+        if job is None:
+            return None
+        if repo.spec_to_json(job.spec) != repo.spec_to_json(spec):
+            raise AlreadyExists(
+                f"request_id {request_id!r} was used for job {job.id} with a different spec"
+            )
+        return job
+
+    def get_job(self, job_id: str) -> JobRecord:
+        with self._db.reading() as session:
+            job = repo.get_job(session, job_id)
+        if job is None:
+            raise NotFound(f"job {job_id} not found")
+        return job
+
+    def list_jobs(
+        self, flt: JobFilter, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[JobRecord], str]:
+        size = _page_size(page_size, DEFAULT_PAGE_JOBS, MAX_PAGE_JOBS)
+        with self._db.reading() as session:
+            return repo.list_jobs(session, flt, size, page_token)
+
+    def get_task(self, job_id: str, instance_id: int) -> tuple[TaskRecord, list[EventRecord]]:
+        with self._db.reading() as session:
+            row = repo.get_task_row(session, job_id, instance_id)
+            if row is None:
+                self._require_job(session, job_id)
+                raise NotFound(f"job {job_id} has no instance {instance_id}")
+            task = repo.task_record(session, row)
+            events = repo.events(session, job_id, instance_id=instance_id, limit=10_000)
+        return task, events
+
+    def list_tasks(
+        self,
+        job_id: str,
+        states: frozenset[TaskState] = frozenset(),
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> tuple[list[TaskRecord], str]:
+        size = _page_size(page_size, DEFAULT_PAGE_TASKS, MAX_PAGE_TASKS)
+        with self._db.reading() as session:
+            self._require_job(session, job_id)
+            return repo.list_tasks(session, job_id, states, size, page_token)
+
+    def job_events(self, job_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]:
+        with self._db.reading() as session:
+            self._require_job(session, job_id)
+            return repo.events(session, job_id, after=after, limit=limit)
+
+    @staticmethod
+    def _require_job(session: Session, job_id: str) -> None:
+        if session.get(JobRow, job_id) is None:
+            raise NotFound(f"job {job_id} not found")
+
+    # ------------------------------------------------------------------ kill, restart, delete
+
+    def kill_job(self, job_id: str, message: str = "") -> JobRecord:
+        """Kill every task: unlaunched ones at once, launched ones through the host manager."""
+        message = message or "killed by user"
+        with self._db.writing() as session:
+            row = self._lock(session, job_id)
+            state = JobState(row.state)
+            if state in JOB_TERMINAL:
+                raise FailedPrecondition(f"job {job_id} is already {state}; nothing to kill")
+            if row.goal == Goal.KILL:
+                return repo.job_record(session, row)
+            now = self._clock()
+            repo.bulk_transition(
+                session,
+                job_id,
+                TASK_UNLAUNCHED,
+                TaskState.KILLED,
+                now=now,
+                reason="killed",
+                message=message,
+                goal=Goal.KILL,
+                ended=True,
+            )
+            # PREEMPTING/KILLING tasks are already being stopped; take the rest that run.
+            running = TASK_ACTIVE - {TaskState.KILLING}
+            repo.bulk_transition(
+                session,
+                job_id,
+                running,
+                TaskState.KILLING,
+                now=now,
+                reason="killed",
+                message=message,
+                goal=Goal.KILL,
+                ended=False,
+            )
+            to_kill = self._attempts_in(session, job_id, {TaskState.KILLING})
+            self._derive(session, row, now, goal=Goal.KILL, reason="killed", message=message)
+            job = repo.job_record(session, row)
+            grace = repo.spec_from_json(row.spec).preemption.kill_grace_seconds
+        self._after_commit(to_kill, grace)
+        log.info("job kill requested", extra={"job_id": job_id, "tasks_to_stop": len(to_kill)})
+        return job
+
+    def restart_job(self, job_id: str, message: str = "") -> JobRecord:
+        """Start a new attempt of every task: ended tasks now, running ones once they are killed."""
+        message = message or "restarted by user"
+        with self._db.writing() as session:
+            row = self._lock(session, job_id)
+            state = JobState(row.state)
+            if state == JobState.KILLING:
+                raise FailedPrecondition(f"job {job_id} is KILLING; restart it once it is KILLED")
+            if state == JobState.PENDING:
+                raise FailedPrecondition(f"job {job_id} is PENDING; no task has started yet")
+            now = self._clock()
+            repo.bulk_new_attempt(
+                session,
+                job_id,
+                TASK_TERMINAL,
+                now=now,
+                reason="restarted",
+                message=message,
+                reset_failures=True,
+            )
+            running = TASK_ACTIVE - {TaskState.KILLING}
+            repo.bulk_transition(
+                session,
+                job_id,
+                running,
+                TaskState.KILLING,
+                now=now,
+                reason="restarted",
+                message=message,
+                goal=Goal.RESTART,
+                ended=False,
+            )
+            to_kill = self._attempts_in(session, job_id, {TaskState.KILLING})
+            self._derive(session, row, now, goal=Goal.RUN, reason="restarted", message=message)
+            job = repo.job_record(session, row)
+            grace = repo.spec_from_json(row.spec).preemption.kill_grace_seconds
+        self._after_commit(to_kill, grace)
+        log.info("job restarted", extra={"job_id": job_id})
+        return job
+
+    def delete_job(self, job_id: str) -> None:
+        """Delete a job that has ended, with its tasks and history."""
+        with self._db.writing() as session:
+            row = self._lock(session, job_id)
+            state = JobState(row.state)
+            if state not in JOB_TERMINAL:
+                raise FailedPrecondition(
+                    f"job {job_id} is {state}; only SUCCEEDED, FAILED or KILLED jobs can be deleted"
+                )
+            repo.delete_job(session, job_id)
+        self.events.publish()
+        log.info("job deleted", extra={"job_id": job_id})
+
+    # ------------------------------------------------------------------ task updates
+
+    def update_tasks(self, job_id: str, updates: Sequence[TaskUpdate]) -> JobRecord:
+        """Apply state changes reported for tasks of one job (by the host manager, placement…).
+
+        An update for an attempt that is no longer current is stale and ignored. An illegal
+        transition raises FailedPrecondition and writes nothing.
+        """
+        with self._db.writing() as session:
+            row = self._lock(session, job_id)
+            now = self._clock()
+            tasks = repo.task_rows(session, job_id, (u.instance_id for u in updates))
+            events: list[dict[str, object]] = []
+            for u in updates:
+                task = tasks.get(u.instance_id)
+                if task is None:
+                    raise NotFound(f"job {job_id} has no instance {u.instance_id}")
+                if u.attempt != task.attempt:
+                    log.info(
+                        "stale task update ignored",
+                        extra={
+                            "job_id": job_id,
+                            "instance_id": u.instance_id,
+                            "attempt": u.attempt,
+                            "current_attempt": task.attempt,
+                        },
+                    )
+                    continue
+                events.extend(self._apply(session, task, u, now))
+            repo.insert_events(session, events)
+            session.flush()
+            self._derive(session, row, now)
+            job = repo.job_record(session, row)
+        self.events.publish()
+        return job
+
+    def _apply(
+        self, session: Session, task: TaskRow, u: TaskUpdate, now: datetime
+    ) -> list[dict[str, object]]:
+        current = TaskState(task.state)
+        if u.state == current:
+            return []
+        check_task_transition(current, u.state)
+        changes: dict[str, object] = {"state": u.state.value, "updated_at": now}
+        if u.reason or u.message:
+            changes.update(reason=u.reason, message=u.message)
+        if u.host:
+            changes["host"] = u.host
+        if u.state == TaskState.RUNNING and task.started_at is None:
+            changes["started_at"] = now
+        if u.state in TASK_TERMINAL:
+            changes["ended_at"] = now
+            if u.state in (TaskState.FAILED, TaskState.LOST):
+                changes["failures"] = task.failures + 1
+        events = [self._event(task, current, u.state, now, u.reason, u.message, u.host)]
+        repo.set_task(session, task, **changes)
+        if u.state in TASK_TERMINAL and task.goal == Goal.RESTART:
+            events.append(self._new_attempt(session, task, now, "restarted", "restarted by user"))
+        return events
+
+    def _new_attempt(
+        self, session: Session, task: TaskRow, now: datetime, reason: str, message: str
+    ) -> dict[str, object]:
+        current = TaskState(task.state)
+        repo.archive_attempt(session, task)
+        repo.set_task(
+            session,
+            task,
+            attempt=task.attempt + 1,
+            state=TaskState.PENDING.value,
+            goal=Goal.RUN.value,
+            host="",
+            reason=reason,
+            message=message,
+            started_at=None,
+            ended_at=None,
+            updated_at=now,
+        )
+        return self._event(task, current, TaskState.PENDING, now, reason, message, "")
+
+    @staticmethod
+    def _event(
+        task: TaskRow,
+        src: TaskState,
+        dst: TaskState,
+        now: datetime,
+        reason: str,
+        message: str,
+        host: str,
+    ) -> dict[str, object]:
+        return {
+            "job_id": task.job_id,
+            "instance_id": task.instance_id,
+            "time": now,
+            "from_state": src.value,
+            "to_state": dst.value,
+            "reason": reason,
+            "message": message,
+            "host": host or task.host,
+            "attempt_id": attempt_id(task.job_id, task.instance_id, task.attempt),
+        }
+
+    # ------------------------------------------------------------------ helpers
+
+    def _lock(self, session: Session, job_id: str) -> JobRow:
+        row = repo.lock_job(session, job_id)
+        if row is None:
+            raise NotFound(f"job {job_id} not found")
+        return row
+
+    def _derive(
+        self,
+        session: Session,
+        row: JobRow,
+        now: datetime,
+        *,
+        goal: Goal | None = None,
+        reason: str = "",
+        message: str = "",
+    ) -> None:
+        """Re-derive a locked job's state from its tasks and write it with an event if changed."""
+        session.flush()
+        new_goal = goal or Goal(row.goal)
+        counts = repo.task_counts(session, [row.id]).get(row.id, {})
+        old = JobState(row.state)
+        new = derive_job_state(counts, new_goal)
+        if new == old and new_goal == Goal(row.goal):
+            return
+        check_job_transition(old, new)
+        if not reason:
+            reason, message = self._job_reason(session, row, new)
+        repo.update_job(
+            session,
+            row,
+            state=new.value,
+            goal=new_goal.value,
+            reason=reason,
+            message=message,
+            updated_at=now,
+        )
+        if new != old:
+            repo.insert_events(
+                session,
+                [
+                    {
+                        "job_id": row.id,
+                        "instance_id": None,
+                        "time": now,
+                        "from_state": old.value,
+                        "to_state": new.value,
+                        "reason": reason,
+                        "message": message,
+                    }
+                ],
+            )
+            log.info(
+                "job state changed",
+                extra={"job_id": row.id, "from": old.value, "to": new.value, "reason": reason},
+            )
+
+    @staticmethod
+    def _job_reason(session: Session, row: JobRow, state: JobState) -> tuple[str, str]:
+        """Why a job is in ``state``: a killed job keeps the kill's reason, a failed job gets
+        its first task failure's; other states need none."""
+        if state in (JobState.KILLING, JobState.KILLED):
+            return row.reason, row.message
+        if state != JobState.FAILED:
+            return "", ""
+        job_id = row.id
+        first = session.scalar(
+            select(TaskRow.instance_id)
+            .where(
+                TaskRow.job_id == job_id,
+                TaskRow.state.in_([TaskState.FAILED.value, TaskState.LOST.value]),
+            )
+            .order_by(TaskRow.ended_at, TaskRow.instance_id)
+            .limit(1)
+        )
+        if first is None:
+            return "failed", ""
+        task = session.get(TaskRow, (job_id, first))
+        assert task is not None
+        return task.reason or "failed", f"instance {first}: {task.message}".rstrip(": ")
+
+    @staticmethod
+    def _attempts_in(session: Session, job_id: str, states: Iterable[TaskState]) -> list[str]:
+        rows = session.execute(
+            select(TaskRow.instance_id, TaskRow.attempt).where(
+                TaskRow.job_id == job_id, TaskRow.state.in_([s.value for s in states])
+            )
+        )
+        return [attempt_id(job_id, i, a) for i, a in rows]
+
+    def _after_commit(self, to_kill: Sequence[str], grace: int) -> None:
+        self.events.publish()
+        if to_kill and self._killer is not None:
+            self._killer.kill(to_kill, grace)
+
+
+def _page_size(requested: int, default: int, maximum: int) -> int:
+    if requested == 0:
+        return default
+    if requested < 0 or requested > maximum:
+        raise InvalidArgument("page_size", f"must be between 1 and {maximum}")
+    return requested

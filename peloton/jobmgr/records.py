@@ -1,0 +1,98 @@
+"""Plain records the job manager hands out: what a job, a task, an attempt and an event are."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from peloton.jobmgr.states import JOB_TERMINAL, Goal, JobState, TaskState
+from peloton.v1 import job_pb2
+
+
+def attempt_id(job_id: str, instance_id: int, attempt: int) -> str:
+    """The id of one attempt of a task; also its Mesos task id."""
+    return f"{job_id}-{instance_id}-{attempt}"
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    spec: job_pb2.JobSpec
+    state: JobState
+    goal: Goal
+    reason: str
+    message: str
+    created_at: datetime
+    updated_at: datetime
+    version: int
+    task_counts: Mapping[TaskState, int] = field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in JOB_TERMINAL
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    job_id: str
+    instance_id: int
+    attempt: int
+    state: TaskState
+    host: str
+    reason: str
+    message: str
+    started_at: datetime | None
+    ended_at: datetime | None
+
+    @property
+    def id(self) -> str:
+        return attempt_id(self.job_id, self.instance_id, self.attempt)
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    job_id: str
+    instance_id: int
+    state: TaskState
+    goal: Goal
+    current: AttemptRecord
+    failures: int
+    version: int
+    history: tuple[AttemptRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    sequence: int
+    job_id: str
+    instance_id: int | None
+    time: datetime
+    from_state: str
+    to_state: str
+    reason: str
+    message: str
+    host: str
+    attempt_id: str
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """ListJobs filters; every given one must match."""
+
+    states: frozenset[JobState] = frozenset()
+    pool: str = ""
+    name_prefix: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskUpdate:
+    """A change of one task's state, as reported for one attempt (stale attempts are ignored)."""
+
+    instance_id: int
+    attempt: int
+    state: TaskState
+    reason: str = ""
+    message: str = ""
+    host: str = ""

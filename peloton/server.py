@@ -1,0 +1,145 @@
+"""The peloton daemon: gRPC API, Prometheus endpoint and the components behind them."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from sqlalchemy.engine import make_url
+
+from peloton.api.interceptor import ServiceInterceptor
+from peloton.api.job_service import JobService
+from peloton.config import ServerConfig
+from peloton.errors import Unavailable
+from peloton.jobmgr.manager import JobManager
+from peloton.jobmgr.states import JobState, TaskState
+from peloton.metrics import Metrics, StateCounts
+from peloton.storage import jobs as job_repo
+from peloton.storage import migrate
+from peloton.storage.db import Database
+from peloton.v1 import job_pb2, job_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,)
+
+
+class Server:
+    """One daemon: start() binds the ports and returns; stop() shuts down gracefully."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.db: Database | None = None
+        self.jobs: JobManager | None = None
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._grpc: grpc.Server | None = None
+        self._health = health.HealthServicer()
+        self._metrics_http: object | None = None
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        url = self.config.database_url
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        db = Database.from_url(url)
+        try:
+            migrate.ensure_current(db.engine, make_url(url).render_as_string(hide_password=True))
+        except Exception:
+            db.dispose()
+            raise
+        self.db = db
+        self.jobs = JobManager(db)
+        self._register_state_gauges(db)
+
+        self._grpc = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=self.config.grpc_workers, thread_name_prefix="grpc"
+            ),
+            interceptors=[ServiceInterceptor(self.metrics)],
+            options=[("grpc.so_reuseport", 0)],
+        )
+        job_pb2_grpc.add_JobServiceServicer_to_server(JobService(self.jobs), self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc
+        )
+        address = f"{self.config.grpc_host}:{self.config.grpc_port}"
+        try:
+            self.grpc_port = self._grpc.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise Unavailable(f"cannot listen on {address}: {exc}") from exc
+        self._grpc.start()
+        for name in ("", *SERVICE_NAMES):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+        http = self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
+        self._metrics_http = http
+        self.metrics_port = http.server_port
+        log.info(
+            "peloton server started",
+            extra={
+                "grpc": f"{self.config.grpc_host}:{self.grpc_port}",
+                "metrics": f"{self.config.metrics_host}:{self.metrics_port}",
+                "database": db.dialect,
+            },
+        )
+
+    def _register_state_gauges(self, db: Database) -> None:
+        def jobs() -> dict[str, int]:
+            with db.reading() as session:
+                return job_repo.count_jobs_by_state(session)
+
+        def tasks() -> dict[str, int]:
+            with db.reading() as session:
+                return job_repo.count_tasks_by_state(session)
+
+        self.metrics.add_collector(
+            StateCounts("peloton_jobs", "Jobs by state.", jobs, [s.value for s in JobState])
+        )
+        self.metrics.add_collector(
+            StateCounts("peloton_tasks", "Tasks by state.", tasks, [s.value for s in TaskState])
+        )
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop taking RPCs, let in-flight ones finish within ``grace`` seconds, release all."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        grace = self.config.shutdown_grace_seconds if grace is None else grace
+        log.info("peloton server stopping", extra={"grace_seconds": grace})
+        self._health.enter_graceful_shutdown()
+        if self.jobs is not None:
+            self.jobs.events.close()  # ends WatchJob streams cleanly
+        if self._grpc is not None:
+            self._grpc.stop(grace).wait()
+        http = self._metrics_http
+        if http is not None:
+            http.shutdown()  # type: ignore[attr-defined]
+            http.server_close()  # type: ignore[attr-defined]
+        if self.db is not None:
+            self.db.dispose()
+        log.info("peloton server stopped")
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+    def run_until_signalled(self) -> None:
+        """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+        stop_requested = threading.Event()
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal received", extra={"signal": signal.Signals(signum).name})
+            stop_requested.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        stop_requested.wait()
+        self.stop()

@@ -1,0 +1,1 @@
+"""Durable storage: SQLAlchemy models, repositories and Alembic migration helpers."""

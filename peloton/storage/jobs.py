@@ -1,0 +1,608 @@
+"""Job repository: every SQL statement about jobs, tasks, attempts and events.
+
+Functions take an open Session and never commit: the job manager decides transaction bounds, so a
+state change and its event row always land together. Bulk operations (create, kill, restart of a
+whole job) are set-based statements, so a 100,000-task job costs a few statements, not 100,000.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from google.protobuf import json_format
+from sqlalchemy import (
+    String,
+    and_,
+    cast,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.orm import Session
+
+from peloton.errors import InvalidArgument
+from peloton.jobmgr.records import (
+    AttemptRecord,
+    EventRecord,
+    JobFilter,
+    JobRecord,
+    TaskRecord,
+)
+from peloton.jobmgr.states import Goal, JobState, TaskState
+from peloton.storage.models import JobEventRow, JobLabelRow, JobRow, TaskAttemptRow, TaskRow
+from peloton.v1 import job_pb2
+
+# Rows per INSERT statement when creating tasks; keeps statements under driver parameter limits.
+_TASK_INSERT_BATCH = 5_000
+
+
+# ---------------------------------------------------------------------------- conversions
+
+
+def spec_to_json(spec: job_pb2.JobSpec) -> str:
+    return json_format.MessageToJson(
+        spec, preserving_proto_field_name=True, indent=None, sort_keys=True
+    )
+
+
+def spec_from_json(text: str) -> job_pb2.JobSpec:
+    return json_format.Parse(text, job_pb2.JobSpec())
+
+
+def _job_record(row: JobRow, counts: Mapping[TaskState, int] | None = None) -> JobRecord:
+    return JobRecord(
+        id=row.id,
+        spec=spec_from_json(row.spec),
+        state=JobState(row.state),
+        goal=Goal(row.goal),
+        reason=row.reason,
+        message=row.message,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        version=row.version,
+        task_counts=dict(counts or {}),
+    )
+
+
+def _task_record(row: TaskRow, history: Sequence[AttemptRecord] = ()) -> TaskRecord:
+    return TaskRecord(
+        job_id=row.job_id,
+        instance_id=row.instance_id,
+        state=TaskState(row.state),
+        goal=Goal(row.goal),
+        current=AttemptRecord(
+            job_id=row.job_id,
+            instance_id=row.instance_id,
+            attempt=row.attempt,
+            state=TaskState(row.state),
+            host=row.host,
+            reason=row.reason,
+            message=row.message,
+            started_at=row.started_at,
+            ended_at=row.ended_at,
+        ),
+        failures=row.failures,
+        version=row.version,
+        history=tuple(history),
+    )
+
+
+def _event_record(row: JobEventRow) -> EventRecord:
+    return EventRecord(
+        sequence=row.id,
+        job_id=row.job_id,
+        instance_id=row.instance_id,
+        time=row.time,
+        from_state=row.from_state,
+        to_state=row.to_state,
+        reason=row.reason,
+        message=row.message,
+        host=row.host,
+        attempt_id=row.attempt_id,
+    )
+
+
+def _attempt_id_sql() -> Any:
+    """SQL for '<job_id>-<instance_id>-<attempt>' of the current attempt (|| on every backend)."""
+    return (
+        TaskRow.job_id
+        + "-"
+        + cast(TaskRow.instance_id, String)
+        + "-"
+        + cast(TaskRow.attempt, String)
+    )
+
+
+def _next_attempt_id_sql() -> Any:
+    return (
+        TaskRow.job_id
+        + "-"
+        + cast(TaskRow.instance_id, String)
+        + "-"
+        + cast(TaskRow.attempt + 1, String)
+    )
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+def insert_job(
+    session: Session,
+    *,
+    job_id: str,
+    spec: job_pb2.JobSpec,
+    request_id: str | None,
+    now: datetime,
+    task_state: TaskState,
+    job_state: JobState,
+) -> None:
+    """Write a job, its labels, one row per task, and the creation event."""
+    session.execute(
+        insert(JobRow),
+        [
+            {
+                "id": job_id,
+                "name": spec.name,
+                "pool": spec.pool,
+                "priority": spec.priority,
+                "instances": spec.instances,
+                "state": job_state.value,
+                "goal": Goal.RUN.value,
+                "reason": "",
+                "message": "",
+                "spec": spec_to_json(spec),
+                "request_id": request_id,
+                "created_at": now,
+                "updated_at": now,
+                "version": 1,
+            }
+        ],
+    )
+    if spec.labels:
+        session.execute(
+            insert(JobLabelRow),
+            [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()],
+        )
+    for start in range(0, spec.instances, _TASK_INSERT_BATCH):
+        stop = min(start + _TASK_INSERT_BATCH, spec.instances)
+        session.execute(
+            insert(TaskRow),
+            [
+                {
+                    "job_id": job_id,
+                    "instance_id": i,
+                    "state": task_state.value,
+                    "goal": Goal.RUN.value,
+                    "attempt": 1,
+                    "host": "",
+                    "reason": "",
+                    "message": "",
+                    "failures": 0,
+                    "updated_at": now,
+                    "version": 1,
+                }
+                for i in range(start, stop)
+            ],
+        )
+    insert_events(
+        session,
+        [
+            {
+                "job_id": job_id,
+                "instance_id": None,
+                "time": now,
+                "from_state": "",
+                "to_state": job_state.value,
+                "reason": "created",
+                "message": f"{spec.instances} tasks in pool {spec.pool}",
+            }
+        ],
+    )
+
+
+def job_id_for_request(session: Session, request_id: str) -> str | None:
+    return session.scalar(select(JobRow.id).where(JobRow.request_id == request_id))
+
+
+def lock_job(session: Session, job_id: str) -> JobRow | None:
+    """Read a job for change. On PostgreSQL the row stays locked until the transaction ends, so
+    writers of one job queue up; SQLite write transactions are already exclusive."""
+    return session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
+
+
+def get_job(session: Session, job_id: str) -> JobRecord | None:
+    row = session.get(JobRow, job_id)
+    if row is None:
+        return None
+    return _job_record(row, task_counts(session, [job_id]).get(job_id, {}))
+
+
+def job_record(session: Session, row: JobRow) -> JobRecord:
+    return _job_record(row, task_counts(session, [row.id]).get(row.id, {}))
+
+
+def task_counts(session: Session, job_ids: Sequence[str]) -> dict[str, dict[TaskState, int]]:
+    """How many tasks of each job are in each state."""
+    out: dict[str, dict[TaskState, int]] = defaultdict(dict)
+    if not job_ids:
+        return out
+    rows = session.execute(
+        select(TaskRow.job_id, TaskRow.state, func.count())
+        .where(TaskRow.job_id.in_(job_ids))
+        .group_by(TaskRow.job_id, TaskRow.state)
+    )
+    for job_id, state, n in rows:
+        out[job_id][TaskState(state)] = n
+    return out
+
+
+def update_job(session: Session, row: JobRow, **values: Any) -> None:
+    """Change a locked job row and bump its version."""
+    for key, value in values.items():
+        setattr(row, key, value)
+    row.version += 1
+    session.flush()
+
+
+def delete_job(session: Session, job_id: str) -> None:
+    # Children first: correct even where the database does not enforce ON DELETE CASCADE.
+    for model in (JobEventRow, TaskAttemptRow, TaskRow, JobLabelRow):
+        session.execute(delete(model).where(model.job_id == job_id))
+    session.execute(delete(JobRow).where(JobRow.id == job_id))
+
+
+def count_jobs_by_state(session: Session) -> dict[str, int]:
+    return {
+        s: n for s, n in session.execute(select(JobRow.state, func.count()).group_by(JobRow.state))
+    }
+
+
+def count_tasks_by_state(session: Session) -> dict[str, int]:
+    return {
+        s: n
+        for s, n in session.execute(select(TaskRow.state, func.count()).group_by(TaskRow.state))
+    }
+
+
+# ---------------------------------------------------------------------------- listing jobs
+
+
+def encode_token(values: Sequence[Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(values)).encode()).decode()
+
+
+def decode_token(token: str, field: str = "page_token") -> list[Any]:
+    try:
+        values = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(field, "is not a token returned by this server") from exc
+    if not isinstance(values, list):
+        raise InvalidArgument(field, "is not a token returned by this server")
+    return values
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def list_jobs(
+    session: Session, flt: JobFilter, page_size: int, page_token: str
+) -> tuple[list[JobRecord], str]:
+    """Jobs newest first, keyset-paged on (created_at, id)."""
+    query = select(JobRow)
+    if flt.states:
+        query = query.where(JobRow.state.in_(sorted(s.value for s in flt.states)))
+    if flt.pool:
+        query = query.where(JobRow.pool == flt.pool)
+    if flt.name_prefix:
+        query = query.where(JobRow.name.like(_escape_like(flt.name_prefix) + "%", escape="\\"))
+    for key, value in sorted(flt.labels.items()):
+        query = query.where(
+            exists().where(
+                JobLabelRow.job_id == JobRow.id, JobLabelRow.key == key, JobLabelRow.value == value
+            )
+        )
+    if page_token:
+        created_iso, last_id = _job_cursor(page_token)
+        created = datetime.fromisoformat(created_iso)
+        query = query.where(
+            or_(
+                JobRow.created_at < created,
+                and_(JobRow.created_at == created, JobRow.id < last_id),
+            )
+        )
+    rows = list(
+        session.scalars(
+            query.order_by(JobRow.created_at.desc(), JobRow.id.desc()).limit(page_size + 1)
+        )
+    )
+    more = len(rows) > page_size
+    rows = rows[:page_size]
+    counts = task_counts(session, [r.id for r in rows])
+    jobs = [_job_record(r, counts.get(r.id, {})) for r in rows]
+    token = encode_token([rows[-1].created_at.isoformat(), rows[-1].id]) if more else ""
+    return jobs, token
+
+
+def _job_cursor(token: str) -> tuple[str, str]:
+    values = decode_token(token)
+    if len(values) != 2 or not all(isinstance(v, str) for v in values):
+        raise InvalidArgument("page_token", "is not a token returned by this server")
+    try:
+        datetime.fromisoformat(values[0])
+    except ValueError as exc:
+        raise InvalidArgument("page_token", "is not a token returned by this server") from exc
+    return values[0], values[1]
+
+
+# ---------------------------------------------------------------------------- tasks
+
+
+def get_task_row(session: Session, job_id: str, instance_id: int) -> TaskRow | None:
+    return session.get(TaskRow, (job_id, instance_id))
+
+
+def task_rows(session: Session, job_id: str, instance_ids: Iterable[int]) -> dict[int, TaskRow]:
+    ids = sorted(set(instance_ids))
+    rows = session.scalars(
+        select(TaskRow).where(TaskRow.job_id == job_id, TaskRow.instance_id.in_(ids))
+    )
+    return {r.instance_id: r for r in rows}
+
+
+def history(
+    session: Session, job_id: str, instance_ids: Sequence[int]
+) -> dict[int, list[AttemptRecord]]:
+    """Ended attempts of the given tasks, oldest first."""
+    out: dict[int, list[AttemptRecord]] = defaultdict(list)
+    if not instance_ids:
+        return out
+    rows = session.scalars(
+        select(TaskAttemptRow)
+        .where(TaskAttemptRow.job_id == job_id, TaskAttemptRow.instance_id.in_(instance_ids))
+        .order_by(TaskAttemptRow.instance_id, TaskAttemptRow.attempt)
+    )
+    for r in rows:
+        out[r.instance_id].append(
+            AttemptRecord(
+                job_id=r.job_id,
+                instance_id=r.instance_id,
+                attempt=r.attempt,
+                state=TaskState(r.state),
+                host=r.host,
+                reason=r.reason,
+                message=r.message,
+                started_at=r.started_at,
+                ended_at=r.ended_at,
+            )
+        )
+    return out
+
+
+def task_record(session: Session, row: TaskRow) -> TaskRecord:
+    return _task_record(
+        row, history(session, row.job_id, [row.instance_id]).get(row.instance_id, [])
+    )
+
+
+def list_tasks(
+    session: Session,
+    job_id: str,
+    states: frozenset[TaskState],
+    page_size: int,
+    page_token: str,
+) -> tuple[list[TaskRecord], str]:
+    """Tasks by instance id, with their attempt history, keyset-paged on instance id."""
+    query = select(TaskRow).where(TaskRow.job_id == job_id)
+    if states:
+        query = query.where(TaskRow.state.in_(sorted(s.value for s in states)))
+    if page_token:
+        values = decode_token(page_token)
+        if len(values) != 1 or not isinstance(values[0], int):
+            raise InvalidArgument("page_token", "is not a token returned by this server")
+        query = query.where(TaskRow.instance_id > values[0])
+    rows = list(session.scalars(query.order_by(TaskRow.instance_id).limit(page_size + 1)))
+    more = len(rows) > page_size
+    rows = rows[:page_size]
+    past = history(session, job_id, [r.instance_id for r in rows])
+    tasks = [_task_record(r, past.get(r.instance_id, [])) for r in rows]
+    return tasks, encode_token([rows[-1].instance_id]) if more else ""
+
+
+def set_task(session: Session, row: TaskRow, **values: Any) -> None:
+    for key, value in values.items():
+        setattr(row, key, value)
+    row.version += 1
+
+
+def archive_attempt(session: Session, row: TaskRow) -> None:
+    """Copy a task's ended attempt to the history before it starts a new one."""
+    session.add(
+        TaskAttemptRow(
+            job_id=row.job_id,
+            instance_id=row.instance_id,
+            attempt=row.attempt,
+            state=row.state,
+            host=row.host,
+            reason=row.reason,
+            message=row.message,
+            started_at=row.started_at,
+            ended_at=row.ended_at,
+        )
+    )
+
+
+def bulk_transition(
+    session: Session,
+    job_id: str,
+    from_states: Iterable[TaskState],
+    to_state: TaskState,
+    *,
+    now: datetime,
+    reason: str,
+    message: str,
+    goal: Goal,
+    ended: bool,
+) -> int:
+    """Move every task of a job in ``from_states`` to ``to_state``, with one event per task.
+
+    The caller holds the job lock, so the set of tasks cannot change between the two statements.
+    """
+    sources = sorted(s.value for s in from_states)
+    where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
+    session.execute(
+        insert(JobEventRow).from_select(
+            [
+                "job_id",
+                "instance_id",
+                "time",
+                "from_state",
+                "to_state",
+                "reason",
+                "message",
+                "host",
+                "attempt_id",
+            ],
+            select(
+                TaskRow.job_id,
+                TaskRow.instance_id,
+                literal(now, JobEventRow.time.type),
+                TaskRow.state,
+                literal(to_state.value),
+                literal(reason),
+                literal(message),
+                TaskRow.host,
+                _attempt_id_sql(),
+            ).where(where),
+        )
+    )
+    values: dict[str, Any] = {
+        "state": to_state.value,
+        "goal": goal.value,
+        "reason": reason,
+        "message": message,
+        "updated_at": now,
+        "version": TaskRow.version + 1,
+    }
+    if ended:
+        values["ended_at"] = now
+    result = session.execute(update(TaskRow).where(where).values(**values))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def bulk_new_attempt(
+    session: Session,
+    job_id: str,
+    from_states: Iterable[TaskState],
+    *,
+    now: datetime,
+    reason: str,
+    message: str,
+    reset_failures: bool,
+) -> int:
+    """Start a new attempt, PENDING, for every task of a job in the (ended) ``from_states``."""
+    sources = sorted(s.value for s in from_states)
+    where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
+    session.execute(
+        insert(TaskAttemptRow).from_select(
+            [
+                "job_id",
+                "instance_id",
+                "attempt",
+                "state",
+                "host",
+                "reason",
+                "message",
+                "started_at",
+                "ended_at",
+            ],
+            select(
+                TaskRow.job_id,
+                TaskRow.instance_id,
+                TaskRow.attempt,
+                TaskRow.state,
+                TaskRow.host,
+                TaskRow.reason,
+                TaskRow.message,
+                TaskRow.started_at,
+                TaskRow.ended_at,
+            ).where(where),
+        )
+    )
+    session.execute(
+        insert(JobEventRow).from_select(
+            [
+                "job_id",
+                "instance_id",
+                "time",
+                "from_state",
+                "to_state",
+                "reason",
+                "message",
+                "host",
+                "attempt_id",
+            ],
+            select(
+                TaskRow.job_id,
+                TaskRow.instance_id,
+                literal(now, JobEventRow.time.type),
+                TaskRow.state,
+                literal(TaskState.PENDING.value),
+                literal(reason),
+                literal(message),
+                literal(""),
+                _next_attempt_id_sql(),
+            ).where(where),
+        )
+    )
+    values: dict[str, Any] = {
+        "state": TaskState.PENDING.value,
+        "goal": Goal.RUN.value,
+        "attempt": TaskRow.attempt + 1,
+        "host": "",
+        "reason": reason,
+        "message": message,
+        "started_at": None,
+        "ended_at": None,
+        "updated_at": now,
+        "version": TaskRow.version + 1,
+    }
+    if reset_failures:
+        values["failures"] = 0
+    result = session.execute(update(TaskRow).where(where).values(**values))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------- events
+
+
+def insert_events(session: Session, events: Sequence[Mapping[str, Any]]) -> None:
+    if not events:
+        return
+    defaults = {"reason": "", "message": "", "host": "", "attempt_id": ""}
+    session.execute(insert(JobEventRow), [{**defaults, **e} for e in events])
+
+
+def events(
+    session: Session,
+    job_id: str,
+    *,
+    after: int = 0,
+    instance_id: int | None = None,
+    limit: int = 1000,
+) -> list[EventRecord]:
+    query = select(JobEventRow).where(JobEventRow.job_id == job_id, JobEventRow.id > after)
+    if instance_id is not None:
+        query = query.where(JobEventRow.instance_id == instance_id)
+    rows = session.scalars(query.order_by(JobEventRow.id).limit(limit))
+    return [_event_record(r) for r in rows]

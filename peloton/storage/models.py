@@ -1,0 +1,163 @@
+"""SQLAlchemy 2.0 typed models: the database is the source of truth for jobs and tasks.
+
+Design notes:
+- A task row holds its *current* attempt; earlier attempts move to ``task_attempts`` when a new
+  one starts, so creating a 100,000-task job writes one row per task and nothing more.
+- ``job_events`` is append-only: every state change writes one row in the same transaction.
+- ``version`` columns give optimistic concurrency: every UPDATE names the version it read.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Stable constraint names so Alembic migrations are the same on SQLite and PostgreSQL.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend (SQLite stores naive text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# SQLite autoincrements only an INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
+EventId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    pool: Mapped[str] = mapped_column(String(512))
+    priority: Mapped[int] = mapped_column(Integer)
+    instances: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    goal: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    # The full spec as protobuf JSON (field names as in the proto), readable by operators.
+    spec: Mapped[str] = mapped_column(Text)
+    request_id: Mapped[str | None] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    version: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (
+        Index("ix_jobs_created", "created_at", "id"),
+        Index("ix_jobs_state_created", "state", "created_at", "id"),
+        Index("ix_jobs_pool_created", "pool", "created_at", "id"),
+        Index("ix_jobs_name", "name"),
+    )
+
+
+class JobLabelRow(Base):
+    __tablename__ = "job_labels"
+
+    job_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(63), primary_key=True)
+    value: Mapped[str] = mapped_column(String(255))
+
+    __table_args__ = (Index("ix_job_labels_key_value", "key", "value"),)
+
+
+class TaskRow(Base):
+    __tablename__ = "tasks"
+
+    job_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    instance_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    goal: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(255), default="")
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    version: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (Index("ix_tasks_job_state", "job_id", "state"),)
+
+
+class TaskAttemptRow(Base):
+    """An attempt that has ended and been replaced by a newer one."""
+
+    __tablename__ = "task_attempts"
+
+    job_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    instance_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str] = mapped_column(String(255), default="")
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class JobEventRow(Base):
+    """Append-only history of every job and task state change."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    # NULL for job-level events.
+    instance_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    time: Mapped[datetime] = mapped_column(UTCDateTime)
+    from_state: Mapped[str] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    host: Mapped[str] = mapped_column(String(255), default="")
+    attempt_id: Mapped[str] = mapped_column(String(64), default="")
+
+    __table_args__ = (Index("ix_job_events_job_instance", "job_id", "instance_id", "id"),)

@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf code for the peloton.v1 API (do not edit; run `make proto`)."""
