@@ -26,6 +26,8 @@ from peloton.v1 import job_pb2, job_pb2_grpc
 
 R = TypeVar("R")
 DEFAULT_SERVER = "127.0.0.1:5392"
+# Large pages of tasks with long attempt histories exceed gRPC's 4 MiB default.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
 def default_server() -> str:
@@ -53,7 +55,9 @@ class PelotonClient:
     def __init__(self, server: str | None = None, *, timeout: float = 30.0) -> None:
         self.server = server or default_server()
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(self.server)
+        self._channel = grpc.insecure_channel(
+            self.server, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        )
         self._jobs = job_pb2_grpc.JobServiceStub(self._channel)
 
     def close(self) -> None:

@@ -44,6 +44,10 @@ class ServerConfig:
     log_level: str = "info"
     log_format: str = "json"
 
+    def __post_init__(self) -> None:
+        # A config file gives strings; the rest of peloton wants a Path.
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
+
     @property
     def database_url(self) -> str:
         return self.db_url or default_sqlite_url(self.data_dir)

@@ -20,7 +20,6 @@ JOB_STATES = [s.value for s in JobState]
 TASK_STATES = [s.value for s in TaskState]
 
 
-
 @contextmanager
 def connect(ctx: click.Context) -> Iterator[PelotonClient]:
     """A client for the command's --server; every error becomes a one-line CliError."""

@@ -1,0 +1,58 @@
+# peloton developer commands. `make demo` and `make test` each set up everything they need.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+BIN    := $(VENV)/bin
+PROTOS := $(wildcard proto/peloton/v1/*.proto)
+STAMP  := $(VENV)/.installed
+
+.PHONY: help dev proto proto-check lint test test-fast bench demo clean
+
+help:
+	@echo "make dev          virtualenv in $(VENV), editable install with dev tools, generated code"
+	@echo "make test         the whole test suite (SQLite and PostgreSQL; starts local PostgreSQL)"
+	@echo "make lint         ruff, mypy and the generated-code check"
+	@echo "make bench        benchmarks (figures go in BENCHMARKS.md)"
+	@echo "make demo         daemon on embedded SQLite: submit, list, restart, still there"
+	@echo "make proto        regenerate peloton/v1 from proto/"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+dev: $(STAMP) proto
+
+# Generated code is committed (installs need no protoc); `make proto-check` keeps it current.
+proto: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(PY) -m grpc_tools.protoc -Iproto \
+		--python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(PROTOS)
+
+proto-check: $(STAMP)
+	@tmp=$$(mktemp -d) && \
+	PATH=$(CURDIR)/$(BIN):$$PATH $(PY) -m grpc_tools.protoc -Iproto \
+		--python_out=$$tmp --grpc_python_out=$$tmp --mypy_out=$$tmp --mypy_grpc_out=$$tmp \
+		$(PROTOS) >/dev/null && \
+	for f in $$tmp/peloton/v1/*; do \
+		cmp -s $$f peloton/v1/$$(basename $$f) || { echo "peloton/v1/$$(basename $$f) is stale: run make proto"; rm -rf $$tmp; exit 1; }; \
+	done; rm -rf $$tmp; echo "generated code is current"
+
+lint: $(STAMP) proto-check
+	$(BIN)/ruff check peloton tests bench migrations
+	$(BIN)/ruff format --check peloton tests bench migrations
+	$(BIN)/mypy peloton bench
+
+test: $(STAMP)
+	scripts/ensure-postgres.sh
+	$(BIN)/pytest -q
+
+bench: $(STAMP)
+	scripts/ensure-postgres.sh
+	$(PY) -m bench.bench_jobs
+
+demo: $(STAMP)
+	$(PY) -m peloton.demo
+
+clean:
+	rm -rf $(VENV) .demo .bench .pytest_cache .mypy_cache .ruff_cache .hypothesis peloton.egg-info
