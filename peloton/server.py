@@ -44,6 +44,7 @@ class Server:
         self._health = health.HealthServicer()
         self._metrics_http: object | None = None
         self._stopped = threading.Event()
+        self._started = False  # start() finished: there is a running daemon to log about
 
     def start(self) -> None:
         url = self.config.database_url
@@ -79,9 +80,14 @@ class Server:
         for name in ("", *SERVICE_NAMES):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
-        http = self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
+        metrics_address = f"{self.config.metrics_host}:{self.config.metrics_port}"
+        try:
+            http = self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
+        except OSError as exc:
+            raise Unavailable(f"cannot listen on {metrics_address}: {exc.strerror}") from exc
         self._metrics_http = http
         self.metrics_port = http.server_port
+        self._started = True
         log.info(
             "peloton server started",
             extra={
@@ -113,7 +119,11 @@ class Server:
             return
         self._stopped.set()
         grace = self.config.shutdown_grace_seconds if grace is None else grace
-        log.info("peloton server stopping", extra={"grace_seconds": grace})
+        # After a failed start() this only releases what was acquired; the caller reports why,
+        # in one line, and "stopping" would only suggest the daemon had run.
+        started = self._started
+        if started:
+            log.info("peloton server stopping", extra={"grace_seconds": grace})
         self._health.enter_graceful_shutdown()
         if self.jobs is not None:
             self.jobs.events.close()  # ends WatchJob streams cleanly
@@ -125,7 +135,8 @@ class Server:
             http.server_close()  # type: ignore[attr-defined]
         if self.db is not None:
             self.db.dispose()
-        log.info("peloton server stopped")
+        if started:
+            log.info("peloton server stopped")
 
     def wait(self) -> None:
         self._stopped.wait()

@@ -15,7 +15,9 @@ from pathlib import Path
 import psycopg2
 import pytest
 from sqlalchemy.engine import make_url
+from support import FakeClock, RecordingKiller
 
+from peloton.jobmgr.manager import JobManager
 from peloton.storage import migrate
 from peloton.storage.db import Database, make_engine
 
@@ -110,3 +112,22 @@ def db(db_url: str) -> Iterator[Database]:
     database = Database.from_url(db_url)
     yield database
     database.dispose()
+
+
+# ---------------------------------------------------------------- job manager fixtures
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def killer() -> RecordingKiller:
+    return RecordingKiller()
+
+
+@pytest.fixture
+def manager(db: Database, clock: FakeClock, killer: RecordingKiller) -> JobManager:
+    """A JobManager over the parametrized backend, with a fake clock and a recording killer."""
+    return JobManager(db, clock=clock, killer=killer)

@@ -98,6 +98,10 @@ class ServiceInterceptor(grpc.ServerInterceptor):
             started = time.perf_counter()
             try:
                 yield from behavior(request, context)
+            except GeneratorExit:
+                # The client went away (or the server is stopping) mid-stream.
+                self._finish(method, grpc.StatusCode.CANCELLED, started)
+                raise
             except Exception as exc:
                 self._fail(method, exc, context, started)
             code = grpc.StatusCode.OK if context.is_active() else grpc.StatusCode.CANCELLED

@@ -10,7 +10,7 @@ from peloton.api import convert
 from peloton.errors import InvalidArgument
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import JobFilter
-from peloton.jobmgr.states import JOB_TERMINAL
+from peloton.jobmgr.states import JOB_TERMINAL, JobState
 from peloton.v1 import job_pb2, job_pb2_grpc
 
 # How long a watcher sleeps when nothing is published (another daemon may write the database).
@@ -93,13 +93,22 @@ class JobService(job_pb2_grpc.JobServiceServicer):
         job_id = _job_id(request)
         last = request.after_sequence
         bus = self._jobs.events
+        # The job's state as of the last event sent: a job event carries it (its to_state); a
+        # task event leaves it as it was. Reading it from the job instead would race with the
+        # events: a job read before a batch that ends it would label its final event RUNNING.
+        state: JobState | None = None
         while context.is_active():
             seen = bus.generation()
             job = self._jobs.get_job(job_id)
+            if state is None:
+                # Resuming mid-history: the best known state until the next job event.
+                state = job.state
             batch = self._jobs.job_events(job_id, after=last)
             for event in batch:
+                if event.instance_id is None:
+                    state = JobState(event.to_state)
                 yield job_pb2.WatchJobResponse(
-                    event=convert.event_pb(event), job_state=convert.job_state_pb(job.state)
+                    event=convert.event_pb(event), job_state=convert.job_state_pb(state)
                 )
                 last = event.sequence
             if batch:

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from peloton.cli import output as out
-from peloton.cli.main import cli_error
+from peloton.cli.main import CliError, cli_error
 from peloton.client import PelotonClient
 from peloton.jobmgr.spec import check_pool_path, load_job_spec_yaml
 from peloton.jobmgr.states import JobState, TaskState
@@ -18,6 +18,7 @@ from peloton.v1 import job_pb2
 
 JOB_STATES = [s.value for s in JobState]
 TASK_STATES = [s.value for s in TaskState]
+TERMINAL_PB = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_KILLED)
 
 
 @contextmanager
@@ -186,7 +187,7 @@ def delete(ctx: click.Context, job_id: str) -> None:
 def watch(ctx: click.Context, job_id: str, fmt: str) -> None:
     """Print a job's events as they happen until it ends.
 
-    Exits 0 if the job SUCCEEDED, 1 if it FAILED or was KILLED.
+    Exits 0 if the job SUCCEEDED, 1 if it FAILED or was KILLED (or the server stopped first).
     """
     final = job_pb2.JOB_STATE_UNSPECIFIED
     with connect(ctx) as client:
@@ -196,6 +197,8 @@ def watch(ctx: click.Context, job_id: str, fmt: str) -> None:
                 click.echo(out.event_line(update.event))
             else:
                 click.echo(out.one_line(out.to_dict(update), fmt))
+    if final not in TERMINAL_PB:
+        raise CliError("the watch ended before the job did (is the server shutting down?)")
     if final != job_pb2.JOB_STATE_SUCCEEDED:
         ctx.exit(1)
 
@@ -236,7 +239,7 @@ def task_list(ctx: click.Context, job_id: str, states: tuple[str, ...], fmt: str
 
 @task.command(name="get")
 @click.argument("job_id")
-@click.argument("instance", type=click.IntRange(min=0))
+@click.argument("instance", type=click.IntRange(0, 2**32 - 1))  # a uint32 instance id
 @out.output_option
 @click.pass_context
 def task_get(ctx: click.Context, job_id: str, instance: int, fmt: str) -> None:

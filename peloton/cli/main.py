@@ -27,7 +27,9 @@ class CliError(click.ClickException):
         self.code = code
 
     def show(self, file: object = None) -> None:
-        click.echo(f"error: {self.message}", err=True)
+        # One line whatever the cause said (driver errors span several).
+        text = " ".join(line.strip() for line in self.message.splitlines() if line.strip())
+        click.echo(f"error: {text}", err=True)
 
 
 def cli_error(exc: Exception, server: str = "") -> CliError:
@@ -44,6 +46,12 @@ def cli_error(exc: Exception, server: str = "") -> CliError:
         return CliError(f"invalid: {exc}", EXIT_USAGE)
     if isinstance(exc, PelotonError):
         return CliError(str(exc))
+    from sqlalchemy.exc import OperationalError
+
+    if isinstance(exc, OperationalError):
+        # The driver's first line says why (refused, no such database, bad password).
+        cause = str(exc.orig).strip().splitlines()
+        return CliError(f"cannot use the database: {cause[0] if cause else 'unavailable'}")
     return CliError(f"internal error: {exc.__class__.__name__}: {exc}")
 
 
@@ -99,7 +107,9 @@ _register()
 
 def main() -> None:
     try:
-        cli.main(prog_name="peloton", standalone_mode=False)
+        # Without standalone mode click *returns* the code of a ctx.exit(code) (e.g. `job watch`
+        # of a job that did not succeed) instead of raising Exit; it must reach the shell.
+        code = cli.main(prog_name="peloton", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except CliError as exc:
@@ -119,3 +129,4 @@ def main() -> None:
         err = cli_error(exc)
         err.show()
         sys.exit(err.code)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -144,6 +144,10 @@ def server(port_file: Path | None, **options: Any) -> None:
     except Exception as exc:
         daemon.stop(0)
         raise cli_error(exc) from None
+    finally:
+        if port_file is not None:
+            # A stale file would tell a script waiting for the next start the old ports.
+            port_file.unlink(missing_ok=True)
 
 
 def _announce_ports(daemon: Any, port_file: Path) -> None:

@@ -136,7 +136,7 @@ class JobManager:
         job_id = str(uuid.uuid4())
         try:
             with self._db.writing() as session:
-                repo.insert_job(
+                job = repo.insert_job(
                     session,
                     job_id=job_id,
                     spec=full,
@@ -161,7 +161,8 @@ class JobManager:
                 "instances": full.instances,
             },
         )
-        return self.get_job(job_id), True
+        # The job as committed (re-reading it would cost a connection and two queries).
+        return job, True
 
     def _job_for_request(self, request_id: str, spec: job_pb2.JobSpec) -> JobRecord | None:
         with self._db.reading() as session:
@@ -247,7 +248,8 @@ class JobManager:
                 goal=Goal.KILL,
                 ended=True,
             )
-            # PREEMPTING/KILLING tasks are already being stopped; take the rest that run.
+            # KILLING tasks are already being stopped; the rest that run (PREEMPTING too: a
+            # kill overrides a preemption) go KILLING now.
             running = TASK_ACTIVE - {TaskState.KILLING}
             repo.bulk_transition(
                 session,
@@ -260,6 +262,8 @@ class JobManager:
                 goal=Goal.KILL,
                 ended=False,
             )
+            # Tasks already KILLING for a restart must now stay killed: no new attempt.
+            repo.set_goal(session, job_id, {TaskState.KILLING}, Goal.KILL, now=now)
             to_kill = self._attempts_in(session, job_id, {TaskState.KILLING})
             self._derive(session, row, now, goal=Goal.KILL, reason="killed", message=message)
             job = repo.job_record(session, row)

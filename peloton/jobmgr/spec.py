@@ -135,10 +135,11 @@ def with_defaults(spec: job_pb2.JobSpec) -> job_pb2.JobSpec:
         out.pool = DEFAULT_POOL
     if out.gang.min_instances == 0:
         out.gang.min_instances = out.instances
-    if not spec.HasField("restart"):
+    if not out.restart.HasField("max_failures"):
         out.restart.max_failures = DEFAULT_MAX_FAILURES
+    if not out.restart.HasField("backoff_seconds"):
         out.restart.backoff_seconds = DEFAULT_BACKOFF_SECONDS
-    if not spec.HasField("preemption"):
+    if not out.preemption.HasField("kill_grace_seconds"):
         out.preemption.kill_grace_seconds = DEFAULT_KILL_GRACE_SECONDS
     return out
 

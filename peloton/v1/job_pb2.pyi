@@ -202,6 +202,8 @@ Global___GangSpec: _TypeAlias = GangSpec  # noqa: Y015
 
 @_typing.final
 class RestartPolicy(_message.Message):
+    """Unset fields take their defaults (max_failures 3, backoff_seconds 30); 0 is a real value."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MAX_FAILURES_FIELD_NUMBER: _builtins.int
@@ -212,14 +214,21 @@ class RestartPolicy(_message.Message):
     def __init__(
         self,
         *,
-        max_failures: _builtins.int = ...,
-        backoff_seconds: _builtins.int = ...,
+        max_failures: _builtins.int | None = ...,
+        backoff_seconds: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backoff_seconds", b"_backoff_seconds", "_max_failures", b"_max_failures", "backoff_seconds", b"backoff_seconds", "max_failures", b"max_failures"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_seconds", b"backoff_seconds", "max_failures", b"max_failures"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backoff_seconds", b"_backoff_seconds", "_max_failures", b"_max_failures", "backoff_seconds", b"backoff_seconds", "max_failures", b"max_failures"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__backoff_seconds: _TypeAlias = _typing.Literal["backoff_seconds"]  # noqa: Y015
+    _WhichOneofArgType__backoff_seconds: _TypeAlias = _typing.Literal["_backoff_seconds", b"_backoff_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__max_failures: _TypeAlias = _typing.Literal["max_failures"]  # noqa: Y015
+    _WhichOneofArgType__max_failures: _TypeAlias = _typing.Literal["_max_failures", b"_max_failures"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__backoff_seconds) -> _WhichOneofReturnType__backoff_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_failures) -> _WhichOneofReturnType__max_failures | None: ...
 
 Global___RestartPolicy: _TypeAlias = RestartPolicy  # noqa: Y015
 
@@ -231,17 +240,20 @@ class PreemptionPolicy(_message.Message):
     KILL_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     preemptible: _builtins.bool
     kill_grace_seconds: _builtins.int
+    """Seconds between SIGTERM and SIGKILL; unset: 30, 0: kill at once."""
     def __init__(
         self,
         *,
         preemptible: _builtins.bool = ...,
-        kill_grace_seconds: _builtins.int = ...,
+        kill_grace_seconds: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_kill_grace_seconds", b"_kill_grace_seconds", "kill_grace_seconds", b"kill_grace_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kill_grace_seconds", b"kill_grace_seconds", "preemptible", b"preemptible"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kill_grace_seconds", b"_kill_grace_seconds", "kill_grace_seconds", b"kill_grace_seconds", "preemptible", b"preemptible"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__kill_grace_seconds: _TypeAlias = _typing.Literal["kill_grace_seconds"]  # noqa: Y015
+    _WhichOneofArgType__kill_grace_seconds: _TypeAlias = _typing.Literal["_kill_grace_seconds", b"_kill_grace_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kill_grace_seconds) -> _WhichOneofReturnType__kill_grace_seconds | None: ...
 
 Global___PreemptionPolicy: _TypeAlias = PreemptionPolicy  # noqa: Y015
 

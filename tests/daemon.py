@@ -1,0 +1,266 @@
+"""Helpers for the API, daemon and CLI tests: a real server in-process or as a process.
+
+Everything here that starts something also stops it: :func:`in_process_server` stops the server
+when its ``with`` block ends, and :class:`DaemonProcess` kills its process on ``__exit__`` (and on
+:meth:`DaemonProcess.close`) whatever state the test left it in.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from peloton.config import ServerConfig
+from peloton.jobmgr.records import TaskUpdate
+from peloton.jobmgr.states import TaskState
+from peloton.server import Server
+from peloton.storage import migrate
+from peloton.storage.db import make_engine
+from peloton.v1 import job_pb2
+from peloton.v1.common_pb2 import Resources
+
+ROOT = Path(__file__).resolve().parents[1]
+# The console script of the virtualenv running the tests.
+PELOTON = str(Path(sys.executable).parent / "peloton")
+START_TIMEOUT = 30.0
+T = TypeVar("T")
+
+# One attempt's path from admission to running, one hop per update.
+TO_RUNNING: tuple[TaskState, ...] = (
+    TaskState.READY,
+    TaskState.PLACING,
+    TaskState.PLACED,
+    TaskState.LAUNCHING,
+    TaskState.LAUNCHED,
+    TaskState.STARTING,
+    TaskState.RUNNING,
+)
+
+
+# ---------------------------------------------------------------------------- waiting
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02) -> T:
+    """Poll ``check`` until it returns something other than None/False, or fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------- specs and databases
+
+
+def make_spec(
+    instances: int = 2,
+    *,
+    name: str = "train",
+    pool: str = "",
+    labels: Mapping[str, str] | None = None,
+    command: str = "python train.py",
+    gpu: float = 1,
+) -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(
+        name=name,
+        pool=pool,
+        instances=instances,
+        labels=dict(labels or {}),
+        task=job_pb2.TaskSpec(command=command, resources=Resources(cpu=1, mem_mb=256, gpu=gpu)),
+    )
+
+
+def migrated_sqlite_url(directory: Path) -> str:
+    """A fresh SQLite database at the newest schema, in ``directory``."""
+    url = f"sqlite:///{directory / 'peloton.db'}"
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    return url
+
+
+# ---------------------------------------------------------------------------- in-process server
+
+
+@contextmanager
+def in_process_server(db_url: str, data_dir: Path) -> Iterator[Server]:
+    """A started daemon on loopback (ports picked by the OS), stopped when the block ends."""
+    server = Server(ServerConfig(db_url=db_url, grpc_port=0, metrics_port=0, data_dir=data_dir))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(grace=1.0)
+
+
+def drive(
+    server: Server,
+    job_id: str,
+    instances: Sequence[int],
+    states: Sequence[TaskState],
+    *,
+    attempt: int = 1,
+) -> None:
+    """Move the given tasks of a job through ``states``, one update per state for all of them,
+    through the job manager (the interface the host manager uses)."""
+    assert server.jobs is not None
+    for state in states:
+        server.jobs.update_tasks(
+            job_id,
+            [TaskUpdate(i, attempt, state, host=f"host-{i}") for i in instances],
+        )
+
+
+def address(port: int) -> str:
+    return f"127.0.0.1:{port}"
+
+
+def health_status(port: int, service: str = "", timeout: float = 5.0) -> int:
+    with grpc.insecure_channel(address(port)) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        return int(response.status)
+
+
+# ---------------------------------------------------------------------------- daemon as a process
+
+
+class DaemonProcess:
+    """``peloton server`` as a child process, with its ports read from a --port-file."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        port_file: bool = True,
+    ) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port_file = workdir / "ports"
+        self.port_file.unlink(missing_ok=True)
+        self.stdout_path = workdir / "stdout.log"
+        self.stderr_path = workdir / "stderr.log"
+        cmd = [PELOTON, "server", *args]
+        if port_file:
+            cmd += ["--port-file", str(self.port_file)]
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("PELOTON_")}
+        full_env.update(env or {})
+        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=full_env, cwd=workdir)
+        self.grpc_port = 0
+        self.metrics_port = 0
+
+    def __enter__(self) -> DaemonProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    @property
+    def address(self) -> str:
+        return address(self.grpc_port)
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> DaemonProcess:
+        """Wait for the port file (written once both ports listen); fail if the process exits."""
+
+        def ready() -> bool:
+            if self.port_file.exists():
+                return True
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"the daemon exited with {self.proc.returncode} before listening:\n"
+                    f"{self.stderr}"
+                )
+            return False
+
+        wait_for(ready, timeout, "the daemon's port file")
+        grpc_port, metrics_port = self.port_file.read_text().split()
+        self.grpc_port, self.metrics_port = int(grpc_port), int(metrics_port)
+        return self
+
+    def wait_exit(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def terminate(self, timeout: float = 10.0) -> int:
+        """SIGTERM and wait for the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> int:
+        """SIGKILL and wait for the exit status."""
+        self.proc.kill()
+        return self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def run_peloton(
+    *args: str,
+    server: str | None = None,
+    input_text: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``peloton`` command to completion (``server`` becomes --server)."""
+    cmd = [PELOTON]
+    if server is not None:
+        cmd += ["--server", server]
+    cmd += list(args)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PELOTON_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        cmd,
+        input=input_text,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=cwd or ROOT,
+        check=False,
+    )
+
+
+def error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line a failed command printed on stderr (asserts it is exactly one, no trace)."""
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stdout, result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, f"expected one stderr line, got:\n{result.stderr}"
+    return lines[0]

@@ -1,0 +1,415 @@
+"""The ``peloton`` command as a subprocess against a real daemon: output, exit codes, errors.
+
+Exit codes: 0 ok; 1 the server refused or could not be reached; 2 usage or validation error.
+Every error is one line on stderr (``error: ...``, or click's usage message) and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import selectors
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from daemon import (
+    PELOTON,
+    TO_RUNNING,
+    address,
+    drive,
+    error_line,
+    free_port,
+    in_process_server,
+    make_spec,
+    migrated_sqlite_url,
+    run_peloton,
+)
+
+from peloton.client import PelotonClient
+from peloton.jobmgr.states import TaskState
+from peloton.server import Server
+from peloton.v1 import job_pb2
+
+J = job_pb2
+JOB_YAML = """\
+name: resnet
+pool: /research/vision
+labels: {team: vision}
+instances: 2
+task:
+  command: python train.py
+  resources: {cpu: 1, mem_mb: 256, gpu: 1}
+"""
+CREATED = re.compile(r"^job ([0-9a-f-]{36}) created$")
+
+
+@dataclass
+class Cli:
+    """Runs ``peloton --server ADDRESS ...`` against the test's daemon."""
+
+    server: Server
+    client: PelotonClient
+    workdir: Path
+
+    def __call__(
+        self, *args: str, input_text: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return run_peloton(
+            *args, server=address(self.server.grpc_port), input_text=input_text, cwd=self.workdir
+        )
+
+    def ok(self, *args: str, input_text: str | None = None) -> str:
+        result = self(*args, input_text=input_text)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == "", result.stderr
+        return result.stdout
+
+    def data(self, *args: str) -> Any:
+        """The command's ``-o json`` output, parsed."""
+        return json.loads(self.ok(*args, "-o", "json"))
+
+    def job_file(self, text: str = JOB_YAML, name: str = "job.yaml") -> str:
+        path = self.workdir / name
+        path.write_text(text)
+        return str(path)
+
+    def submit(self, text: str = JOB_YAML, *extra: str) -> str:
+        out = self.ok("job", "submit", self.job_file(text), *extra).strip()
+        match = CREATED.match(out)
+        assert match, out
+        return match.group(1)
+
+
+@contextmanager
+def serve_cli(db_url: str, tmp_path: Path) -> Iterator[Cli]:
+    with (
+        in_process_server(db_url, tmp_path / "data") as server,
+        PelotonClient(address(server.grpc_port), timeout=10) as client,
+    ):
+        yield Cli(server, client, tmp_path)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    with serve_cli(migrated_sqlite_url(tmp_path), tmp_path) as c:
+        yield c
+
+
+def usage_error(result: subprocess.CompletedProcess[str]) -> str:
+    """A click usage error: exit 2, the usage message, no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("Usage: peloton "), result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, result.stderr
+    return errors[0]
+
+
+def failure(result: subprocess.CompletedProcess[str], code: int) -> str:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    line = error_line(result)
+    assert line.startswith("error: "), line
+    return line
+
+
+# ---------------------------------------------------------------------------- job submit
+
+
+def test_submit_prints_the_job_id(cli: Cli) -> None:
+    job_id = cli.submit()
+    job = cli.client.get_job(job_id)
+    assert job.spec.name == "resnet"
+    assert job.spec.pool == "/research/vision"
+    assert dict(job.spec.labels) == {"team": "vision"}
+    assert job.spec.instances == 2
+
+
+def test_submit_json_and_yaml_output(cli: Cli) -> None:
+    data = cli.data("job", "submit", cli.job_file())
+    assert data["state"] == "JOB_STATE_PENDING"
+    assert data["spec"]["name"] == "resnet"
+    assert data["spec"]["instances"] == 2
+    assert data["spec"]["task"]["resources"] == {"cpu": 1.0, "mem_mb": 256.0, "gpu": 1.0}
+    assert data["spec"]["gang"] == {"min_instances": 2}  # the default, filled by the server
+    assert cli.client.get_job(data["job_id"]).spec.name == "resnet"
+
+    doc = yaml.safe_load(cli.ok("job", "submit", cli.job_file(), "-o", "yaml"))
+    assert doc["spec"]["pool"] == "/research/vision"
+    assert doc["job_id"] != data["job_id"]
+
+
+def test_submit_pool_override(cli: Cli) -> None:
+    job_id = cli.submit(JOB_YAML, "--pool", "/research/nlp")
+    assert cli.client.get_job(job_id).spec.pool == "/research/nlp"
+    line = failure(cli("job", "submit", cli.job_file(), "--pool", "nlp"), 2)
+    assert "--pool" in line
+    assert len(list(cli.client.iter_jobs())) == 1
+
+
+def test_submit_request_id_is_idempotent(cli: Cli) -> None:
+    job_id = cli.submit(JOB_YAML, "--request-id", "train-42")
+    again = cli.ok("job", "submit", cli.job_file(), "--request-id", "train-42")
+    assert again.strip() == f"job {job_id} already exists (same request id)"
+    assert [j.job_id for j in cli.client.iter_jobs()] == [job_id]
+
+    changed = cli.job_file(JOB_YAML.replace("instances: 2", "instances: 3"), "changed.yaml")
+    line = failure(cli("job", "submit", changed, "--request-id", "train-42"), 1)
+    assert line.startswith("error: already exists: ")
+    assert "train-42" in line
+
+
+def test_submit_from_stdin(cli: Cli) -> None:
+    out = cli.ok("job", "submit", "-", input_text=JOB_YAML.replace("resnet", "from-stdin"))
+    match = CREATED.match(out.strip())
+    assert match, out
+    assert cli.client.get_job(match.group(1)).spec.name == "from-stdin"
+
+
+# ---------------------------------------------------------------------------- get, list
+
+
+def test_job_get(cli: Cli) -> None:
+    job_id = cli.submit()
+    out = cli.ok("job", "get", job_id)
+    fields = dict(re.findall(r"^(\w+):\s+(.*)$", out, flags=re.MULTILINE))
+    assert fields["Job"] == job_id
+    assert fields["Name"] == "resnet"
+    assert fields["Pool"] == "/research/vision"
+    assert fields["State"] == "PENDING"
+    assert fields["Tasks"] == "2 pending"
+    assert fields["Labels"] == "team=vision"
+    assert fields["Instances"] == "2 (gang of 2)"
+
+    data = cli.data("job", "get", job_id)
+    assert data["job_id"] == job_id
+    assert data["task_states"] == [{"state": "TASK_STATE_PENDING", "count": 2}]
+
+
+def test_job_list_filters_and_formats(cli: Cli) -> None:
+    c = cli.client
+    a = c.create_job(make_spec(1, name="train-a", pool="/vision", labels={"team": "cv"})).job_id
+    b = c.create_job(make_spec(1, name="train-b", pool="/nlp", labels={"team": "nlp"})).job_id
+    d = c.create_job(make_spec(1, name="eval-d", pool="/vision", labels={"team": "cv"})).job_id
+    drive(cli.server, d, [0], TO_RUNNING)
+    c.kill_job(b)
+
+    def ids(*args: str) -> list[str]:
+        data = cli.data("job", "list", *args)
+        assert data["next_page_token"] == ""
+        return [j["job_id"] for j in data["jobs"]]
+
+    assert ids() == [d, b, a]  # newest first
+    assert ids("--state", "running") == [d]
+    assert ids("--state", "KILLED", "--state", "PENDING") == [b, a]
+    assert ids("--pool", "/vision") == [d, a]
+    assert ids("--name", "train-") == [b, a]
+    assert ids("--label", "team=cv", "--state", "PENDING") == [a]
+
+    doc = yaml.safe_load(cli.ok("job", "list", "--pool", "/nlp", "-o", "yaml"))
+    assert [j["job_id"] for j in doc["jobs"]] == [b]
+    assert doc["jobs"][0]["state"] == "JOB_STATE_KILLED"
+
+    paged = cli("job", "list", "--limit", "2")
+    assert paged.returncode == 0, paged.stderr
+    table = paged.stdout
+    assert table.split()[:6] == ["JOB", "NAME", "POOL", "STATE", "TASKS", "CREATED"]
+    rows = [line.split() for line in table.splitlines()[2:] if line.strip()]
+    assert [r[:4] for r in rows] == [
+        [d, "eval-d", "/vision", "RUNNING"],
+        [b, "train-b", "/nlp", "KILLED"],
+    ]
+    assert paged.stderr.strip() == "(more jobs: use --all or --limit)"
+    everything = cli.data("job", "list", "--limit", "1", "--all")
+    assert [j["job_id"] for j in everything["jobs"]] == [d, b, a]
+
+
+# ---------------------------------------------------------------------------- kill, restart, delete
+
+
+def test_job_kill_restart_delete(cli: Cli) -> None:
+    job_id = cli.submit()
+    assert cli.ok("job", "kill", job_id, "-m", "enough").strip() == f"job {job_id} KILLED"
+    assert cli.client.get_job(job_id).message == "enough"
+    assert cli.ok("job", "restart", job_id).strip() == f"job {job_id} PENDING"
+    assert cli.client.get_task(job_id, 0).task.current.attempt == 2
+    killed = cli.data("job", "kill", job_id)
+    assert killed["state"] == "JOB_STATE_KILLED"
+    assert cli.ok("job", "delete", job_id).strip() == f"job {job_id} deleted"
+    line = failure(cli("job", "get", job_id), 1)
+    assert line == f"error: not found: job {job_id} not found"
+
+
+def test_watch_exit_codes(cli: Cli) -> None:
+    done = cli.submit()
+    drive(cli.server, done, [0, 1], (*TO_RUNNING, TaskState.SUCCEEDED))
+    result = cli("job", "watch", done)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert re.search(r"job\s+- -> PENDING\s+created\b", lines[0]), lines[0]
+    assert re.search(r"job\s+RUNNING -> SUCCEEDED$", lines[-1]), lines[-1]
+    assert any(re.search(r"task 1\s+STARTING -> RUNNING\s+on host-1", line) for line in lines)
+
+    killed = cli.submit()
+    cli.client.kill_job(killed)
+    result = cli("job", "watch", killed, "-o", "json")
+    assert result.returncode == 1
+    assert result.stderr == ""
+    updates = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [u["event"]["to_state"] for u in updates] == ["PENDING", "KILLED", "KILLED", "KILLED"]
+    assert updates[-1]["job_state"] == "JOB_STATE_KILLED"
+
+    failure(cli("job", "watch", "no-such-job"), 1)
+
+
+def test_watch_follows_a_live_job_to_its_end(cli: Cli) -> None:
+    job_id = cli.submit()
+    proc = subprocess.Popen(
+        [PELOTON, "--server", address(cli.server.grpc_port), "job", "watch", job_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            assert sel.select(timeout=30), "the watch printed nothing"
+        first = proc.stdout.readline()
+        assert "- -> PENDING" in first
+        drive(cli.server, job_id, [0, 1], (*TO_RUNNING, TaskState.SUCCEEDED))
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert re.search(r"job\s+RUNNING -> SUCCEEDED$", out.splitlines()[-1])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------------- tasks
+
+
+def test_task_list_and_get(cli: Cli) -> None:
+    job_id = cli.submit()
+    drive(cli.server, job_id, [1], TO_RUNNING)
+    table = cli.ok("task", "list", job_id)
+    rows = [line.split() for line in table.splitlines()[2:] if line.strip()]
+    assert table.split()[:5] == ["INSTANCE", "STATE", "ATTEMPT", "HOST", "REASON"]
+    assert [r[:4] for r in rows] == [["0", "PENDING", "1", "-"], ["1", "RUNNING", "1", "host-1"]]
+    data = cli.data("task", "list", job_id, "--state", "running")
+    assert [(t["instance_id"], t["state"]) for t in data["tasks"]] == [(1, "TASK_STATE_RUNNING")]
+
+    drive(cli.server, job_id, [1], [TaskState.SUCCEEDED])
+    drive(cli.server, job_id, [0], [*TO_RUNNING, TaskState.SUCCEEDED])
+    cli.client.restart_job(job_id)
+    out = cli.ok("task", "get", job_id, "1")
+    assert f"Task:     {job_id} instance 1" in out
+    assert f"Attempt:  {job_id}-1-2" in out
+    assert "History:" in out
+    assert re.search(rf"{job_id}-1-1\s+SUCCEEDED\s+host-1", out)
+    assert "Events:" in out
+    data = cli.data("task", "get", job_id, "1")
+    assert data["task"]["current"]["attempt"] == 2
+    assert [a["state"] for a in data["task"]["history"]] == ["TASK_STATE_SUCCEEDED"]
+    assert data["events"][-1]["to_state"] == "PENDING"
+
+    failure(cli("task", "get", job_id, "7"), 1)
+    usage_error(cli("task", "get", job_id, "-1"))
+    assert "INSTANCE" in usage_error(cli("task", "get", job_id, str(2**32)))  # not a uint32
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def test_server_side_errors_exit_1(cli: Cli) -> None:
+    line = failure(cli("job", "get", "no-such-job"), 1)
+    assert line == "error: not found: job no-such-job not found"
+    failure(cli("job", "kill", "no-such-job"), 1)
+    job_id = cli.submit()
+    drive(cli.server, job_id, [0, 1], TO_RUNNING)
+    line = failure(cli("job", "delete", job_id), 1)
+    assert line.startswith("error: failed precondition: ")
+    assert "RUNNING" in line
+    line = failure(cli("job", "restart", cli.submit()), 1)
+    assert "PENDING" in line
+
+
+def test_validation_errors_exit_2(cli: Cli) -> None:
+    line = failure(cli("job", "submit", cli.job_file(JOB_YAML.replace("instances", "instnces"))), 2)
+    assert "instnces" in line
+    assert "did you mean instances?" in line
+    nested = JOB_YAML.replace("resources:", "resorces:")
+    line = failure(cli("job", "submit", cli.job_file(nested)), 2)
+    assert "task.resorces" in line
+    assert "did you mean task.resources?" in line
+
+    line = failure(cli("job", "submit", cli.job_file("name: [unclosed\n")), 2)
+    assert "not valid YAML" in line
+    line = failure(cli("job", "submit", cli.job_file(JOB_YAML.replace("gpu: 1", "gpu: many"))), 2)
+    assert "gpu" in line
+
+    # Validated by the server: INVALID_ARGUMENT is a usage error too.
+    line = failure(
+        cli("job", "submit", cli.job_file(JOB_YAML.replace("instances: 2", "instances: 0"))), 2
+    )
+    assert line == "error: invalid: instances: must be at least 1"
+    line = failure(cli("job", "submit", cli.job_file(JOB_YAML.replace("gpu: 1", "gpu: 0.5"))), 2)
+    assert line.startswith("error: invalid: task.resources.gpu: ")
+    assert list(cli.client.iter_jobs()) == []
+
+    assert "FILE" in usage_error(cli("job", "submit", str(cli.workdir / "absent.yaml")))
+    assert "--label" in usage_error(cli("job", "list", "--label", "team"))
+    assert "--state" in usage_error(cli("job", "list", "--state", "sleeping"))
+    assert "--limit" in usage_error(cli("job", "list", "--limit", "0"))
+    usage_error(cli("job", "frobnicate"))
+
+
+def test_unreachable_server_fails_fast_in_one_line(tmp_path: Path) -> None:
+    port = free_port()
+    started = time.monotonic()
+    result = run_peloton("--timeout", "2", "job", "list", server=f"127.0.0.1:{port}")
+    elapsed = time.monotonic() - started
+    line = failure(result, 1)
+    assert line.startswith(f"error: cannot reach the peloton server at 127.0.0.1:{port}")
+    assert elapsed < 10, f"took {elapsed:.1f}s"
+
+
+def test_server_address_from_the_environment(cli: Cli) -> None:
+    job_id = cli.submit()
+    env = {"PELOTON_SERVER": address(cli.server.grpc_port), "PELOTON_OUTPUT": "json"}
+    result = run_peloton("job", "get", job_id, env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["job_id"] == job_id
+
+
+def test_completion_script() -> None:
+    result = run_peloton("completion", "bash")
+    assert result.returncode == 0
+    assert "_PELOTON_COMPLETE" in result.stdout
+    assert "complete " in result.stdout
+    usage_error(run_peloton("completion", "tcsh"))
+
+
+# ---------------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_cli_on_postgresql(db_url: str, tmp_path: Path) -> None:
+    assert db_url.startswith("postgresql")
+    with serve_cli(db_url, tmp_path) as cli:
+        job_id = cli.submit()
+        assert [j["job_id"] for j in cli.data("job", "list", "--label", "team=vision")["jobs"]] == [
+            job_id
+        ]
+        assert cli.data("job", "get", job_id)["spec"]["name"] == "resnet"
+        assert cli.ok("job", "kill", job_id).strip() == f"job {job_id} KILLED"
+        assert cli("job", "watch", job_id).returncode == 1
+        assert cli.ok("job", "delete", job_id).strip() == f"job {job_id} deleted"
+        failure(cli("job", "get", job_id), 1)
