@@ -95,9 +95,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_job_events"),
     )
     op.create_index("ix_job_events_job_id", "job_events", ["job_id"])
-    op.create_index(
-        "ix_job_events_job_instance", "job_events", ["job_id", "instance_id", "id"]
-    )
+    op.create_index("ix_job_events_job_instance", "job_events", ["job_id", "instance_id", "id"])
 
 
 def downgrade() -> None:
