@@ -28,26 +28,12 @@ from peloton.jobmgr.states import TaskState
 from peloton.server import Server
 from peloton.storage import migrate
 from peloton.storage.db import make_engine
-from peloton.v1 import job_pb2
-from peloton.v1.common_pb2 import Resources
 
 ROOT = Path(__file__).resolve().parents[1]
 # The console script of the virtualenv running the tests.
 PELOTON = str(Path(sys.executable).parent / "peloton")
 START_TIMEOUT = 30.0
 T = TypeVar("T")
-
-# One attempt's path from admission to running, one hop per update.
-TO_RUNNING: tuple[TaskState, ...] = (
-    TaskState.READY,
-    TaskState.PLACING,
-    TaskState.PLACED,
-    TaskState.LAUNCHING,
-    TaskState.LAUNCHED,
-    TaskState.STARTING,
-    TaskState.RUNNING,
-)
-
 
 # ---------------------------------------------------------------------------- waiting
 
@@ -72,24 +58,6 @@ def free_port() -> int:
 
 
 # ---------------------------------------------------------------------------- specs and databases
-
-
-def make_spec(
-    instances: int = 2,
-    *,
-    name: str = "train",
-    pool: str = "",
-    labels: Mapping[str, str] | None = None,
-    command: str = "python train.py",
-    gpu: float = 1,
-) -> job_pb2.JobSpec:
-    return job_pb2.JobSpec(
-        name=name,
-        pool=pool,
-        instances=instances,
-        labels=dict(labels or {}),
-        task=job_pb2.TaskSpec(command=command, resources=Resources(cpu=1, mem_mb=256, gpu=gpu)),
-    )
 
 
 def migrated_sqlite_url(directory: Path) -> str:

@@ -42,6 +42,7 @@ def make_spec(
     pool: str = "",
     labels: Mapping[str, str] | None = None,
     command: str = "python train.py",
+    gpu: float = 1,
     kill_grace_seconds: int | None = None,
 ) -> job_pb2.JobSpec:
     spec = job_pb2.JobSpec(
@@ -49,7 +50,7 @@ def make_spec(
         pool=pool,
         instances=instances,
         labels=dict(labels or {}),
-        task=job_pb2.TaskSpec(command=command, resources=Resources(cpu=1, mem_mb=256, gpu=1)),
+        task=job_pb2.TaskSpec(command=command, resources=Resources(cpu=1, mem_mb=256, gpu=gpu)),
     )
     if kill_grace_seconds is not None:
         spec.preemption.kill_grace_seconds = kill_grace_seconds

@@ -16,13 +16,19 @@ from typing import Any
 
 import grpc
 import pytest
-from daemon import TO_RUNNING, address, drive, health_status, in_process_server, make_spec
+from daemon import (
+    address,
+    drive,
+    health_status,
+    in_process_server,
+)
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 from prometheus_client.parser import text_string_to_metric_families
+from support import TO_RUNNING, make_spec
 
 from peloton.client import ClientError, PelotonClient
 from peloton.jobmgr.records import TaskUpdate

@@ -21,16 +21,15 @@ import pytest
 import yaml
 from daemon import (
     PELOTON,
-    TO_RUNNING,
     address,
     drive,
     error_line,
     free_port,
     in_process_server,
-    make_spec,
     migrated_sqlite_url,
     run_peloton,
 )
+from support import TO_RUNNING, make_spec
 
 from peloton.client import PelotonClient
 from peloton.jobmgr.states import TaskState

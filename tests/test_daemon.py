@@ -15,10 +15,10 @@ from daemon import (
     error_line,
     free_port,
     health_status,
-    make_spec,
     run_peloton,
 )
 from grpc_health.v1 import health_pb2
+from support import make_spec
 
 from peloton.client import PelotonClient
 from peloton.jobmgr.manager import JobManager
