@@ -99,6 +99,8 @@ def check_consistent(manager: JobManager, job_id: str) -> JobRecord:
     # Every change of the job row writes a job event, and vice versa.
     assert job.version == len(events)
     tasks, _ = manager.list_tasks(job_id, page_size=10_000)
+    # The job's materialized counts agree with its task rows.
+    assert dict(job.task_counts) == dict(Counter(t.state for t in tasks))
     if job.goal == Goal.KILL:
         # A job being killed has nothing left but tasks being killed (never a new attempt).
         assert all(t.state in TASK_TERMINAL or t.state == T.KILLING for t in tasks)

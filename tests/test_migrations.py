@@ -107,11 +107,17 @@ def _insert_old_job(engine: Engine, job_id: str) -> None:
         conn.execute(
             text(
                 "INSERT INTO jobs (id, name, pool, priority, instances, state, goal, reason,"
-                " message, spec, request_id, created_at, updated_at, version) VALUES"
-                " (:id, 'old-job', '/legacy', 5, 2, 'RUNNING', 'RUN', '', '', :spec, 'old-req',"
-                " :created, :updated, 2)"
+                " message, spec, task_counts, request_id, created_at, updated_at, version)"
+                " VALUES (:id, 'old-job', '/legacy', 5, 2, 'RUNNING', 'RUN', '', '', :spec,"
+                " :counts, 'old-req', :created, :updated, 2)"
             ),
-            {"id": job_id, "spec": json.dumps(spec), "created": created, "updated": updated},
+            {
+                "id": job_id,
+                "spec": json.dumps(spec),
+                "counts": json.dumps({"RUNNING": 1, "SUCCEEDED": 1}),
+                "created": created,
+                "updated": updated,
+            },
         )
         conn.execute(
             text("INSERT INTO job_labels (job_id, key, value) VALUES (:id, 'team', 'old')"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -91,6 +92,8 @@ def check_job_is_sound(manager: JobManager, job_id: str, *, restarted: bool = Fa
     assert job.terminal
     assert job.state == derive_job_state(job.task_counts, job.goal)
     assert sum(job.task_counts.values()) == len(tasks)
+    # The job's materialized counts agree with its task rows.
+    assert dict(job.task_counts) == dict(Counter(t.state for t in tasks))
 
     events = all_events(manager, job_id)
     sequences = [e.sequence for e in events]

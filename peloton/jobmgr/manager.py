@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -237,7 +237,8 @@ class JobManager:
             if row.goal == Goal.KILL:
                 return repo.job_record(session, row)
             now = self._clock()
-            repo.bulk_transition(
+            counts = repo.counts_of(row)
+            moved = repo.bulk_transition(
                 session,
                 job_id,
                 TASK_UNLAUNCHED,
@@ -248,24 +249,13 @@ class JobManager:
                 goal=Goal.KILL,
                 ended=True,
             )
-            # KILLING tasks are already being stopped; the rest that run (PREEMPTING too: a
-            # kill overrides a preemption) go KILLING now.
-            running = TASK_ACTIVE - {TaskState.KILLING}
-            repo.bulk_transition(
-                session,
-                job_id,
-                running,
-                TaskState.KILLING,
-                now=now,
-                reason="killed",
-                message=message,
-                goal=Goal.KILL,
-                ended=False,
-            )
+            _shift(counts, moved, TaskState.KILLED)
             # Tasks already KILLING for a restart must now stay killed: no new attempt.
             repo.set_goal(session, job_id, {TaskState.KILLING}, Goal.KILL, now=now)
-            to_kill = self._attempts_in(session, job_id, {TaskState.KILLING})
-            self._derive(session, row, now, goal=Goal.KILL, reason="killed", message=message)
+            to_kill = self._stop_running(session, row, counts, now, "killed", message, Goal.KILL)
+            self._derive(
+                session, row, now, counts, goal=Goal.KILL, reason="killed", message=message
+            )
             job = repo.job_record(session, row)
             grace = repo.spec_from_json(row.spec).preemption.kill_grace_seconds
         self._after_commit(to_kill, grace)
@@ -283,7 +273,8 @@ class JobManager:
             if state == JobState.PENDING:
                 raise FailedPrecondition(f"job {job_id} is PENDING; no task has started yet")
             now = self._clock()
-            repo.bulk_new_attempt(
+            counts = repo.counts_of(row)
+            moved = repo.bulk_new_attempt(
                 session,
                 job_id,
                 TASK_TERMINAL,
@@ -292,25 +283,44 @@ class JobManager:
                 message=message,
                 reset_failures=True,
             )
-            running = TASK_ACTIVE - {TaskState.KILLING}
-            repo.bulk_transition(
-                session,
-                job_id,
-                running,
-                TaskState.KILLING,
-                now=now,
-                reason="restarted",
-                message=message,
-                goal=Goal.RESTART,
-                ended=False,
+            _shift(counts, moved, TaskState.PENDING)
+            to_kill = self._stop_running(
+                session, row, counts, now, "restarted", message, Goal.RESTART
             )
-            to_kill = self._attempts_in(session, job_id, {TaskState.KILLING})
-            self._derive(session, row, now, goal=Goal.RUN, reason="restarted", message=message)
+            self._derive(
+                session, row, now, counts, goal=Goal.RUN, reason="restarted", message=message
+            )
             job = repo.job_record(session, row)
             grace = repo.spec_from_json(row.spec).preemption.kill_grace_seconds
         self._after_commit(to_kill, grace)
         log.info("job restarted", extra={"job_id": job_id})
         return job
+
+    def _stop_running(
+        self,
+        session: Session,
+        row: JobRow,
+        counts: dict[TaskState, int],
+        now: datetime,
+        reason: str,
+        message: str,
+        goal: Goal,
+    ) -> list[str]:
+        """Move the job's running tasks to KILLING (PREEMPTING too: this overrides a
+        preemption) and return every KILLING attempt, for the host manager to stop."""
+        moved = repo.bulk_transition(
+            session,
+            row.id,
+            TASK_ACTIVE - {TaskState.KILLING},
+            TaskState.KILLING,
+            now=now,
+            reason=reason,
+            message=message,
+            goal=goal,
+            ended=False,
+        )
+        _shift(counts, moved, TaskState.KILLING)
+        return self._attempts_in(session, row.id, {TaskState.KILLING})
 
     def delete_job(self, job_id: str) -> None:
         """Delete a job that has ended, with its tasks and history."""
@@ -337,6 +347,7 @@ class JobManager:
             row = self._lock(session, job_id)
             now = self._clock()
             tasks = repo.task_rows(session, job_id, (u.instance_id for u in updates))
+            counts = repo.counts_of(row)
             events: list[dict[str, object]] = []
             for u in updates:
                 task = tasks.get(u.instance_id)
@@ -353,16 +364,20 @@ class JobManager:
                         },
                     )
                     continue
-                events.extend(self._apply(session, task, u, now))
+                events.extend(self._apply(session, task, u, now, counts))
             repo.insert_events(session, events)
-            session.flush()
-            self._derive(session, row, now)
+            self._derive(session, row, now, counts)
             job = repo.job_record(session, row)
         self.events.publish()
         return job
 
     def _apply(
-        self, session: Session, task: TaskRow, u: TaskUpdate, now: datetime
+        self,
+        session: Session,
+        task: TaskRow,
+        u: TaskUpdate,
+        now: datetime,
+        counts: dict[TaskState, int],
     ) -> list[dict[str, object]]:
         current = TaskState(task.state)
         if u.state == current:
@@ -381,8 +396,10 @@ class JobManager:
                 changes["failures"] = task.failures + 1
         events = [self._event(task, current, u.state, now, u.reason, u.message, u.host)]
         repo.set_task(session, task, **changes)
+        _shift(counts, {current: 1}, u.state)
         if u.state in TASK_TERMINAL and task.goal == Goal.RESTART:
             events.append(self._new_attempt(session, task, now, "restarted", "restarted by user"))
+            _shift(counts, {u.state: 1}, TaskState.PENDING)
         return events
 
     def _new_attempt(
@@ -440,15 +457,16 @@ class JobManager:
         session: Session,
         row: JobRow,
         now: datetime,
+        counts: dict[TaskState, int],
         *,
         goal: Goal | None = None,
         reason: str = "",
         message: str = "",
     ) -> None:
-        """Re-derive a locked job's state from its tasks and write it with an event if changed."""
-        session.flush()
+        """Store a locked job's new task counts, derive its state from them, and write the
+        state with an event if it changed."""
+        row.task_counts = repo.counts_to_json(counts)
         new_goal = goal or Goal(row.goal)
-        counts = repo.task_counts(session, [row.id]).get(row.id, {})
         old = JobState(row.state)
         new = derive_job_state(counts, new_goal)
         if new == old and new_goal == Goal(row.goal):
@@ -522,6 +540,19 @@ class JobManager:
         self.events.publish()
         if to_kill and self._killer is not None:
             self._killer.kill(to_kill, grace)
+
+
+def _shift(counts: dict[TaskState, int], moved: Mapping[TaskState, int], to: TaskState) -> None:
+    """Account for tasks that left the states in ``moved`` for ``to``."""
+    for state, n in moved.items():
+        left = counts.get(state, 0) - n
+        if left < 0:
+            raise AssertionError(f"task counts went negative for {state}: {counts}")
+        if left:
+            counts[state] = left
+        else:
+            counts.pop(state, None)
+        counts[to] = counts.get(to, 0) + n
 
 
 def _page_size(requested: int, default: int, maximum: int) -> int:

@@ -66,7 +66,16 @@ def spec_from_json(text: str) -> job_pb2.JobSpec:
     return json_format.Parse(text, job_pb2.JobSpec())
 
 
-def _job_record(row: JobRow, counts: Mapping[TaskState, int] | None = None) -> JobRecord:
+def counts_to_json(counts: Mapping[TaskState, int]) -> str:
+    return json.dumps({s.value: n for s, n in sorted(counts.items()) if n > 0})
+
+
+def counts_of(row: JobRow) -> dict[TaskState, int]:
+    """A job's materialized task-state counts."""
+    return {TaskState(s): n for s, n in json.loads(row.task_counts).items()}
+
+
+def _job_record(row: JobRow) -> JobRecord:
     return JobRecord(
         id=row.id,
         spec=spec_from_json(row.spec),
@@ -77,7 +86,7 @@ def _job_record(row: JobRow, counts: Mapping[TaskState, int] | None = None) -> J
         created_at=row.created_at,
         updated_at=row.updated_at,
         version=row.version,
-        task_counts=dict(counts or {}),
+        task_counts=counts_of(row),
     )
 
 
@@ -172,6 +181,7 @@ def insert_job(
                 "reason": "",
                 "message": "",
                 "spec": spec_json,
+                "task_counts": counts_to_json({task_state: spec.instances}),
                 "request_id": request_id,
                 "created_at": now,
                 "updated_at": now,
@@ -259,15 +269,16 @@ def get_job(session: Session, job_id: str) -> JobRecord | None:
     row = session.get(JobRow, job_id)
     if row is None:
         return None
-    return _job_record(row, task_counts(session, [job_id]).get(job_id, {}))
+    return _job_record(row)
 
 
 def job_record(session: Session, row: JobRow) -> JobRecord:
-    return _job_record(row, task_counts(session, [row.id]).get(row.id, {}))
+    return _job_record(row)
 
 
 def task_counts(session: Session, job_ids: Sequence[str]) -> dict[str, dict[TaskState, int]]:
-    """How many tasks of each job are in each state."""
+    """How many tasks of each job are in each state, counted from the task rows (the
+    materialized ``jobs.task_counts`` must always equal this; tests check it)."""
     out: dict[str, dict[TaskState, int]] = defaultdict(dict)
     if not job_ids:
         return out
@@ -367,8 +378,7 @@ def list_jobs(
     )
     more = len(rows) > page_size
     rows = rows[:page_size]
-    counts = task_counts(session, [r.id for r in rows])
-    jobs = [_job_record(r, counts.get(r.id, {})) for r in rows]
+    jobs = [_job_record(r) for r in rows]
     token = encode_token([rows[-1].created_at.isoformat(), rows[-1].id]) if more else ""
     return jobs, token
 
@@ -484,24 +494,24 @@ def archive_attempt(session: Session, row: TaskRow) -> None:
     )
 
 
-def bulk_transition(
+def _moved_by_state(session: Session, where: Any) -> dict[TaskState, int]:
+    """How many of the tasks matching ``where`` are in each state (before a bulk move)."""
+    rows = session.execute(select(TaskRow.state, func.count()).where(where).group_by(TaskRow.state))
+    return {TaskState(state): n for state, n in rows}
+
+
+def _insert_task_events(
     session: Session,
-    job_id: str,
-    from_states: Iterable[TaskState],
-    to_state: TaskState,
+    where: Any,
     *,
+    to_state: TaskState,
     now: datetime,
     reason: str,
     message: str,
-    goal: Goal,
-    ended: bool,
-) -> int:
-    """Move every task of a job in ``from_states`` to ``to_state``, with one event per task.
-
-    The caller holds the job lock, so the set of tasks cannot change between the two statements.
-    """
-    sources = sorted(s.value for s in from_states)
-    where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
+    host: Any,
+    attempt: Any,
+) -> None:
+    """One event per task matching ``where``, from its current state to ``to_state``."""
     session.execute(
         insert(JobEventRow).from_select(
             [
@@ -523,10 +533,44 @@ def bulk_transition(
                 literal(to_state.value),
                 literal(reason),
                 literal(message),
-                TaskRow.host,
-                _attempt_id_sql(),
+                host,
+                attempt,
             ).where(where),
         )
+    )
+
+
+def bulk_transition(
+    session: Session,
+    job_id: str,
+    from_states: Iterable[TaskState],
+    to_state: TaskState,
+    *,
+    now: datetime,
+    reason: str,
+    message: str,
+    goal: Goal,
+    ended: bool,
+) -> dict[TaskState, int]:
+    """Move every task of a job in ``from_states`` to ``to_state``, with one event per task.
+
+    Returns how many tasks left each state. The caller holds the job lock, so the set of tasks
+    cannot change between the statements.
+    """
+    sources = sorted(s.value for s in from_states)
+    where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
+    moved = _moved_by_state(session, where)
+    if not moved:
+        return moved
+    _insert_task_events(
+        session,
+        where,
+        to_state=to_state,
+        now=now,
+        reason=reason,
+        message=message,
+        host=TaskRow.host,
+        attempt=_attempt_id_sql(),
     )
     values: dict[str, Any] = {
         "state": to_state.value,
@@ -538,8 +582,8 @@ def bulk_transition(
     }
     if ended:
         values["ended_at"] = now
-    result = session.execute(update(TaskRow).where(where).values(**values))
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    session.execute(update(TaskRow).where(where).values(**values))
+    return moved
 
 
 def set_goal(
@@ -564,10 +608,16 @@ def bulk_new_attempt(
     reason: str,
     message: str,
     reset_failures: bool,
-) -> int:
-    """Start a new attempt, PENDING, for every task of a job in the (ended) ``from_states``."""
+) -> dict[TaskState, int]:
+    """Start a new attempt, PENDING, for every task of a job in the (ended) ``from_states``.
+
+    Returns how many tasks left each state.
+    """
     sources = sorted(s.value for s in from_states)
     where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
+    moved = _moved_by_state(session, where)
+    if not moved:
+        return moved
     session.execute(
         insert(TaskAttemptRow).from_select(
             [
@@ -594,31 +644,15 @@ def bulk_new_attempt(
             ).where(where),
         )
     )
-    session.execute(
-        insert(JobEventRow).from_select(
-            [
-                "job_id",
-                "instance_id",
-                "time",
-                "from_state",
-                "to_state",
-                "reason",
-                "message",
-                "host",
-                "attempt_id",
-            ],
-            select(
-                TaskRow.job_id,
-                TaskRow.instance_id,
-                literal(now, JobEventRow.time.type),
-                TaskRow.state,
-                literal(TaskState.PENDING.value),
-                literal(reason),
-                literal(message),
-                literal(""),
-                _next_attempt_id_sql(),
-            ).where(where),
-        )
+    _insert_task_events(
+        session,
+        where,
+        to_state=TaskState.PENDING,
+        now=now,
+        reason=reason,
+        message=message,
+        host=literal(""),
+        attempt=_next_attempt_id_sql(),
     )
     values: dict[str, Any] = {
         "state": TaskState.PENDING.value,
@@ -634,8 +668,8 @@ def bulk_new_attempt(
     }
     if reset_failures:
         values["failures"] = 0
-    result = session.execute(update(TaskRow).where(where).values(**values))
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    session.execute(update(TaskRow).where(where).values(**values))
+    return moved
 
 
 # ---------------------------------------------------------------------------- events

@@ -76,6 +76,10 @@ class JobRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     # The full spec as protobuf JSON (field names as in the proto), readable by operators.
     spec: Mapped[str] = mapped_column(Text)
+    # How many tasks are in each state, as JSON {"PENDING": 4}: kept in step with the tasks in
+    # every transaction that changes them (under the job lock), so reading a job or deriving its
+    # state never scans its tasks.
+    task_counts: Mapped[str] = mapped_column(Text)
     request_id: Mapped[str | None] = mapped_column(String(128), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
