@@ -40,9 +40,9 @@ def make_engine(url: str, *, pool_size: int = 16) -> Engine:
     if backend == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg2")
-        return create_engine(
-            parsed, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
-        )
+        # No pre-ping: it would cost a round trip per transaction. A connection found dead
+        # fails one request (UNAVAILABLE, retryable) and SQLAlchemy then drops the whole pool.
+        return create_engine(parsed, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800)
     raise InvalidArgument("db_url", f"unsupported database {backend!r}; use sqlite or postgresql")
 
 

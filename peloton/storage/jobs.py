@@ -51,6 +51,7 @@ _TASK_ROWS_SENT = 100
 _JOBS = JobRow.metadata.tables[JobRow.__tablename__]
 _LABELS = JobLabelRow.metadata.tables[JobLabelRow.__tablename__]
 _TASKS = TaskRow.metadata.tables[TaskRow.__tablename__]
+_EVENTS = JobEventRow.metadata.tables[JobEventRow.__tablename__]
 
 
 # ---------------------------------------------------------------------------- conversions
@@ -167,48 +168,40 @@ def insert_job(
     Returns the job as written, as :func:`get_job` would read it back in this transaction (so
     the caller need not re-read it: the spec goes through the same JSON as the stored one)."""
     spec_json = spec_to_json(spec)
-    session.execute(
-        insert(_JOBS),
-        [
-            {
-                "id": job_id,
-                "name": spec.name,
-                "pool": spec.pool,
-                "priority": spec.priority,
-                "instances": spec.instances,
-                "state": job_state.value,
-                "goal": Goal.RUN.value,
-                "reason": "",
-                "message": "",
-                "spec": spec_json,
-                "task_counts": counts_to_json({task_state: spec.instances}),
-                "request_id": request_id,
-                "created_at": now,
-                "updated_at": now,
-                "version": 1,
-            }
-        ],
-    )
-    if spec.labels:
-        session.execute(
-            insert(_LABELS),
-            [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()],
-        )
+    job = {
+        "id": job_id,
+        "name": spec.name,
+        "pool": spec.pool,
+        "priority": spec.priority,
+        "instances": spec.instances,
+        "state": job_state.value,
+        "goal": Goal.RUN.value,
+        "reason": "",
+        "message": "",
+        "spec": spec_json,
+        "task_counts": counts_to_json({task_state: spec.instances}),
+        "request_id": request_id,
+        "created_at": now,
+        "updated_at": now,
+        "version": 1,
+    }
+    labels = [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()]
+    event = {
+        "job_id": job_id,
+        "instance_id": None,
+        "time": now,
+        "from_state": "",
+        "to_state": job_state.value,
+        "reason": "created",
+        "message": f"{spec.instances} tasks in pool {spec.pool}",
+        "host": "",
+        "attempt_id": "",
+    }
+    session.execute(insert(_JOBS), [job])
+    if labels:
+        session.execute(insert(_LABELS), labels)
     _insert_tasks(session, job_id, spec.instances, task_state, now)
-    insert_events(
-        session,
-        [
-            {
-                "job_id": job_id,
-                "instance_id": None,
-                "time": now,
-                "from_state": "",
-                "to_state": job_state.value,
-                "reason": "created",
-                "message": f"{spec.instances} tasks in pool {spec.pool}",
-            }
-        ],
-    )
+    session.execute(insert(_EVENTS), [event])
     written = now.astimezone(UTC)  # what the UTCDateTime columns store and give back
     return JobRecord(
         id=job_id,
@@ -224,13 +217,11 @@ def insert_job(
     )
 
 
-def _insert_tasks(
-    session: Session, job_id: str, instances: int, state: TaskState, now: datetime
-) -> None:
-    """One new task row per instance id 0..instances-1 (the same rows on either path)."""
-    table = _TASKS
-    values: dict[str, Any] = {
+def _task_row(job_id: str, instance_id: int, state: TaskState, now: datetime) -> dict[str, Any]:
+    """The row of a new task: attempt 1, nothing run yet."""
+    return {
         "job_id": job_id,
+        "instance_id": instance_id,
         "state": state.value,
         "goal": Goal.RUN.value,
         "attempt": 1,
@@ -241,9 +232,18 @@ def _insert_tasks(
         "updated_at": now,
         "version": 1,
     }
+
+
+def _insert_tasks(
+    session: Session, job_id: str, instances: int, state: TaskState, now: datetime
+) -> None:
+    """One new task row per instance id 0..instances-1 (the same rows on either path)."""
+    table = _TASKS
     if instances <= _TASK_ROWS_SENT:
-        session.execute(insert(table), [{**values, "instance_id": i} for i in range(instances)])
+        session.execute(insert(table), [_task_row(job_id, i, state, now) for i in range(instances)])
         return
+    values = _task_row(job_id, 0, state, now)
+    del values["instance_id"]  # made by the database below
     # WITH RECURSIVE: portable to SQLite, which has no generate_series.
     ids = select(literal(0).label("i")).cte("instance_ids", recursive=True)
     ids = ids.union_all(select((ids.c.i + 1).label("i")).where(ids.c.i < instances - 1))
@@ -679,7 +679,7 @@ def insert_events(session: Session, events: Sequence[Mapping[str, Any]]) -> None
     if not events:
         return
     defaults = {"reason": "", "message": "", "host": "", "attempt_id": ""}
-    session.execute(insert(JobEventRow), [{**defaults, **e} for e in events])
+    session.execute(insert(_EVENTS), [{**defaults, **e} for e in events])
 
 
 def events(
