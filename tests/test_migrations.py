@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from google.protobuf import json_format
 from sqlalchemy import Engine, inspect, text
 
 from peloton.errors import FailedPrecondition
@@ -19,6 +20,7 @@ from peloton.jobmgr.states import Goal, JobState, TaskState
 from peloton.storage import migrate
 from peloton.storage.db import Database, make_engine
 from peloton.storage.models import Base
+from peloton.v1 import job_pb2
 
 PREVIOUS = "0001"
 TABLES = {"jobs", "job_labels", "tasks", "task_attempts", "job_events"}
@@ -113,7 +115,7 @@ def _insert_old_job(engine: Engine, job_id: str) -> None:
             ),
             {
                 "id": job_id,
-                "spec": json.dumps(spec),
+                "spec": json_format.ParseDict(spec, job_pb2.JobSpec()).SerializeToString(),
                 "counts": json.dumps({"RUNNING": 1, "SUCCEEDED": 1}),
                 "created": created,
                 "updated": updated,

@@ -30,7 +30,7 @@ def upgrade() -> None:
         sa.Column("goal", sa.String(16), nullable=False),
         sa.Column("reason", sa.String(64), nullable=False),
         sa.Column("message", sa.Text(), nullable=False),
-        sa.Column("spec", sa.Text(), nullable=False),
+        sa.Column("spec", sa.LargeBinary(), nullable=False),
         sa.Column("task_counts", sa.Text(), nullable=False),
         sa.Column("request_id", sa.String(128), nullable=True),
         sa.Column("created_at", UTCDateTime(), nullable=False),

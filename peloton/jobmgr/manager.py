@@ -172,7 +172,7 @@ class JobManager:
             job = repo.get_job(session, job_id)
         if job is None:
             return None
-        if repo.spec_to_json(job.spec) != repo.spec_to_json(spec):
+        if repo.spec_to_bytes(job.spec) != repo.spec_to_bytes(spec):
             raise AlreadyExists(
                 f"request_id {request_id!r} was used for job {job.id} with a different spec"
             )
@@ -257,7 +257,7 @@ class JobManager:
                 session, row, now, counts, goal=Goal.KILL, reason="killed", message=message
             )
             job = repo.job_record(session, row)
-            grace = repo.spec_from_json(row.spec).preemption.kill_grace_seconds
+            grace = repo.spec_from_bytes(row.spec).preemption.kill_grace_seconds
         self._after_commit(to_kill, grace)
         log.info("job kill requested", extra={"job_id": job_id, "tasks_to_stop": len(to_kill)})
         return job
@@ -291,7 +291,7 @@ class JobManager:
                 session, row, now, counts, goal=Goal.RUN, reason="restarted", message=message
             )
             job = repo.job_record(session, row)
-            grace = repo.spec_from_json(row.spec).preemption.kill_grace_seconds
+            grace = repo.spec_from_bytes(row.spec).preemption.kill_grace_seconds
         self._after_commit(to_kill, grace)
         log.info("job restarted", extra={"job_id": job_id})
         return job

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from google.protobuf import json_format
 from sqlalchemy import (
     String,
     and_,
@@ -57,14 +56,16 @@ _EVENTS = JobEventRow.metadata.tables[JobEventRow.__tablename__]
 # ---------------------------------------------------------------------------- conversions
 
 
-def spec_to_json(spec: job_pb2.JobSpec) -> str:
-    return json_format.MessageToJson(
-        spec, preserving_proto_field_name=True, indent=None, sort_keys=True
-    )
+def spec_to_bytes(spec: job_pb2.JobSpec) -> bytes:
+    """The stored form of a spec: protobuf binary, deterministic so equal specs compare equal.
+    (Parsing it is ~100x faster than protobuf JSON, which ListJobs would pay per job.)"""
+    return spec.SerializeToString(deterministic=True)
 
 
-def spec_from_json(text: str) -> job_pb2.JobSpec:
-    return json_format.Parse(text, job_pb2.JobSpec())
+def spec_from_bytes(data: bytes) -> job_pb2.JobSpec:
+    spec = job_pb2.JobSpec()
+    spec.ParseFromString(bytes(data))
+    return spec
 
 
 def counts_to_json(counts: Mapping[TaskState, int]) -> str:
@@ -79,7 +80,7 @@ def counts_of(row: JobRow) -> dict[TaskState, int]:
 def _job_record(row: JobRow) -> JobRecord:
     return JobRecord(
         id=row.id,
-        spec=spec_from_json(row.spec),
+        spec=spec_from_bytes(row.spec),
         state=JobState(row.state),
         goal=Goal(row.goal),
         reason=row.reason,
@@ -167,7 +168,7 @@ def insert_job(
 
     Returns the job as written, as :func:`get_job` would read it back in this transaction (so
     the caller need not re-read it: the spec goes through the same JSON as the stored one)."""
-    spec_json = spec_to_json(spec)
+    spec_data = spec_to_bytes(spec)
     job = {
         "id": job_id,
         "name": spec.name,
@@ -178,7 +179,7 @@ def insert_job(
         "goal": Goal.RUN.value,
         "reason": "",
         "message": "",
-        "spec": spec_json,
+        "spec": spec_data,
         "task_counts": counts_to_json({task_state: spec.instances}),
         "request_id": request_id,
         "created_at": now,
@@ -205,7 +206,7 @@ def insert_job(
     written = now.astimezone(UTC)  # what the UTCDateTime columns store and give back
     return JobRecord(
         id=job_id,
-        spec=spec_from_json(spec_json),
+        spec=spec_from_bytes(spec_data),
         state=job_state,
         goal=Goal.RUN,
         reason="",

@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -74,8 +75,8 @@ class JobRow(Base):
     goal: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(String(64), default="")
     message: Mapped[str] = mapped_column(Text, default="")
-    # The full spec as protobuf JSON (field names as in the proto), readable by operators.
-    spec: Mapped[str] = mapped_column(Text)
+    # The full spec, a serialized peloton.v1.JobSpec (`peloton job get ID -o yaml` shows it).
+    spec: Mapped[bytes] = mapped_column(LargeBinary)
     # How many tasks are in each state, as JSON {"PENDING": 4}: kept in step with the tasks in
     # every transaction that changes them (under the job lock), so reading a job or deriving its
     # state never scans its tasks.
