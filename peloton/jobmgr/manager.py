@@ -38,6 +38,7 @@ from peloton.jobmgr.states import (
     JobState,
     TaskState,
     check_job_transition,
+    check_new_attempt,
     check_task_transition,
     derive_job_state,
 )
@@ -283,7 +284,7 @@ class JobManager:
                 message=message,
                 reset_failures=True,
             )
-            _shift(counts, moved, TaskState.PENDING)
+            _shift(counts, moved, TaskState.PENDING, new_attempt=True)
             to_kill = self._stop_running(
                 session, row, counts, now, "restarted", message, Goal.RESTART
             )
@@ -399,7 +400,7 @@ class JobManager:
         _shift(counts, {current: 1}, u.state)
         if u.state in TASK_TERMINAL and task.goal == Goal.RESTART:
             events.append(self._new_attempt(session, task, now, "restarted", "restarted by user"))
-            _shift(counts, {u.state: 1}, TaskState.PENDING)
+            _shift(counts, {u.state: 1}, TaskState.PENDING, new_attempt=True)
         return events
 
     def _new_attempt(
@@ -542,9 +543,21 @@ class JobManager:
             self._killer.kill(to_kill, grace)
 
 
-def _shift(counts: dict[TaskState, int], moved: Mapping[TaskState, int], to: TaskState) -> None:
-    """Account for tasks that left the states in ``moved`` for ``to``."""
+def _shift(
+    counts: dict[TaskState, int],
+    moved: Mapping[TaskState, int],
+    to: TaskState,
+    *,
+    new_attempt: bool = False,
+) -> None:
+    """Check that tasks may leave the states in ``moved`` for ``to`` (within an attempt, or by
+    starting a new one) and account for them in the job's counts. A bulk move is checked here
+    against the same tables as a single one; a failed check rolls the transaction back."""
     for state, n in moved.items():
+        if new_attempt:
+            check_new_attempt(state)
+        else:
+            check_task_transition(state, to)
         left = counts.get(state, 0) - n
         if left < 0:
             raise AssertionError(f"task counts went negative for {state}: {counts}")
