@@ -236,7 +236,7 @@ class JobManager:
             if state in JOB_TERMINAL:
                 raise FailedPrecondition(f"job {job_id} is already {state}; nothing to kill")
             if row.goal == Goal.KILL:
-                return repo.job_record(session, row)
+                return repo.job_record(row)
             now = self._clock()
             counts = repo.counts_of(row)
             moved = repo.bulk_transition(
@@ -257,7 +257,7 @@ class JobManager:
             self._derive(
                 session, row, now, counts, goal=Goal.KILL, reason="killed", message=message
             )
-            job = repo.job_record(session, row)
+            job = repo.job_record(row)
             grace = repo.spec_from_bytes(row.spec).preemption.kill_grace_seconds
         self._after_commit(to_kill, grace)
         log.info("job kill requested", extra={"job_id": job_id, "tasks_to_stop": len(to_kill)})
@@ -291,7 +291,7 @@ class JobManager:
             self._derive(
                 session, row, now, counts, goal=Goal.RUN, reason="restarted", message=message
             )
-            job = repo.job_record(session, row)
+            job = repo.job_record(row)
             grace = repo.spec_from_bytes(row.spec).preemption.kill_grace_seconds
         self._after_commit(to_kill, grace)
         log.info("job restarted", extra={"job_id": job_id})
@@ -368,7 +368,7 @@ class JobManager:
                 events.extend(self._apply(session, task, u, now, counts))
             repo.insert_events(session, events)
             self._derive(session, row, now, counts)
-            job = repo.job_record(session, row)
+            job = repo.job_record(row)
         self.events.publish()
         return job
 

@@ -77,7 +77,8 @@ def counts_of(row: JobRow) -> dict[TaskState, int]:
     return {TaskState(s): n for s, n in json.loads(row.task_counts).items()}
 
 
-def _job_record(row: JobRow) -> JobRecord:
+def job_record(row: JobRow) -> JobRecord:
+    """The record of a job row (its task counts come from the row itself)."""
     return JobRecord(
         id=row.id,
         spec=spec_from_bytes(row.spec),
@@ -270,27 +271,7 @@ def get_job(session: Session, job_id: str) -> JobRecord | None:
     row = session.get(JobRow, job_id)
     if row is None:
         return None
-    return _job_record(row)
-
-
-def job_record(session: Session, row: JobRow) -> JobRecord:
-    return _job_record(row)
-
-
-def task_counts(session: Session, job_ids: Sequence[str]) -> dict[str, dict[TaskState, int]]:
-    """How many tasks of each job are in each state, counted from the task rows (the
-    materialized ``jobs.task_counts`` must always equal this; tests check it)."""
-    out: dict[str, dict[TaskState, int]] = defaultdict(dict)
-    if not job_ids:
-        return out
-    rows = session.execute(
-        select(TaskRow.job_id, TaskRow.state, func.count())
-        .where(TaskRow.job_id.in_(job_ids))
-        .group_by(TaskRow.job_id, TaskRow.state)
-    )
-    for job_id, state, n in rows:
-        out[job_id][TaskState(state)] = n
-    return out
+    return job_record(row)
 
 
 def update_job(session: Session, row: JobRow, **values: Any) -> None:
@@ -379,7 +360,7 @@ def list_jobs(
     )
     more = len(rows) > page_size
     rows = rows[:page_size]
-    jobs = [_job_record(r) for r in rows]
+    jobs = [job_record(r) for r in rows]
     token = encode_token([rows[-1].created_at.isoformat(), rows[-1].id]) if more else ""
     return jobs, token
 
