@@ -16,9 +16,11 @@ help:
 	@echo "make demo         daemon on embedded SQLite: submit, list, restart, still there"
 	@echo "make proto        regenerate peloton/v1 from proto/"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/install-http-parser.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# pymesos needs http-parser, whose 0.9.0 sdist cannot build its C extension on Python 3.11+.
+	scripts/install-http-parser.sh $(BIN)/pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
