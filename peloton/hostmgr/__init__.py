@@ -1,0 +1,1 @@
+"""The host manager: peloton as a Mesos framework (offers, leases, launches, status updates)."""

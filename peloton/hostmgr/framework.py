@@ -1,0 +1,561 @@
+"""peloton as a Mesos framework: subscription, offers, launches, kills, status updates,
+reconciliation and failover, through pymesos's scheduler driver.
+
+Threads: pymesos's I/O thread calls the :class:`_Callbacks` methods; they only parse, update the
+in-memory offer pool and queue work, and never raise (pymesos turns an exception in its thread
+into a SIGINT of the daemon). One worker thread does everything that writes or calls Mesos:
+status updates (persisted through the job manager, *then* acknowledged), declines, suppress and
+revive, reconciliation, lease expiry and the heartbeat watchdog.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pymesos import MesosSchedulerDriver, Scheduler
+
+from peloton.errors import FailedPrecondition, NotFound, Unavailable
+from peloton.hostmgr import states as mesos_states
+from peloton.hostmgr.hosts import HostRegistry, HostState, HostStore
+from peloton.hostmgr.launch import LaunchTask, grace_policy, launch_group
+from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
+from peloton.hostmgr.offers import HostOffers, Lease, Offer, OfferPool, parse_offer
+from peloton.jobmgr.manager import JobManager
+from peloton.jobmgr.records import TaskUpdate
+from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL
+from peloton.resources import Resources
+
+log = logging.getLogger(__name__)
+
+# A day: pymesos gives up reconnecting (and aborts the daemon) only after this long.
+_CONNECT_TIMEOUT = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class MesosSettings:
+    """How peloton subscribes to Mesos and handles offers (from ServerConfig)."""
+
+    master: str
+    framework_name: str = "peloton"
+    role: str = "*"
+    principal: str = ""
+    failover_timeout_seconds: float = 7 * 24 * 3600.0
+    # Offers are held this long while something waits for placement, then declined.
+    offer_hold_seconds: float = 30.0
+    # Refuse filter of declines when nothing waits (Mesos re-offers after this or on REVIVE).
+    refuse_seconds: float = 30.0
+    # A placement's claim on a host expires if not launched within this.
+    lease_seconds: float = 60.0
+    reconcile_interval_seconds: float = 300.0
+    # Heartbeats missing for this many intervals mean the connection is dead: reconnect.
+    missed_heartbeats: int = 5
+
+
+def parse_attempt_id(task_id: str) -> tuple[str, int, int] | None:
+    """(job_id, instance, attempt) of a Mesos task id made by ``attempt_id``; None if foreign."""
+    parts = task_id.rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+@dataclass(frozen=True)
+class _Where:
+    agent_id: str
+    executor_id: str
+    hostname: str
+
+
+class HostManager:
+    """The framework. ``start()`` subscribes and returns; ``stop()`` leaves the tasks running
+    (failover: a restarted daemon takes them over)."""
+
+    def __init__(
+        self,
+        settings: MesosSettings,
+        jobs: JobManager,
+        store: HostStore,
+        metrics: HostmgrMetrics,
+        *,
+        on_capacity: Callable[[Resources], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        executor_resources: Resources | None = None,
+    ) -> None:
+        from peloton.placement.firstfit import EXECUTOR_RESOURCES
+
+        self.settings = settings
+        self._jobs = jobs
+        self._store = store
+        self.metrics = metrics
+        self._on_capacity = on_capacity
+        self._now = monotonic
+        self.pool = OfferPool(settings.lease_seconds)
+        self.hosts = HostRegistry(store, clock)
+        self._executor_resources = executor_resources or EXECUTOR_RESOURCES
+        self._work: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._driver: _Driver | None = None
+        self._worker: threading.Thread | None = None
+        self.framework_id = store.load_framework_id(settings.framework_name)
+        self._connected = threading.Event()
+        self._last_event = 0.0
+        self._heartbeat_interval = 15.0
+        self._demand = True  # a fresh subscription is not suppressed
+        self._suppressed = False
+        self._next_reconcile = 0.0
+        self._capacity = Resources()
+        self._where: dict[str, _Where] = {}
+        self._offer_listeners: list[Callable[[], None]] = []
+        metrics.watch(ClusterGauges(self.hosts.counts, self.hosts.capacity))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._worker = threading.Thread(target=self._run, name="hostmgr", daemon=True)
+        self._worker.start()
+        self._connect()
+
+    def stop(self) -> None:
+        """Unsubscribe without TEARDOWN: Mesos keeps the tasks for failover_timeout."""
+        self._stop.set()
+        self._work.put(lambda: None)
+        driver = self._driver
+        if driver is not None:
+            driver.stop(failover=True)
+            driver.join()
+        if self._worker is not None:
+            self._worker.join(timeout=10)
+        self.metrics.connected.set(0)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._connected.wait(timeout)
+
+    def _framework_info(self) -> dict[str, Any]:
+        s = self.settings
+        info: dict[str, Any] = {
+            "user": "",
+            "name": s.framework_name,
+            "roles": [s.role],
+            "failover_timeout": s.failover_timeout_seconds,
+            "checkpoint": True,
+            "capabilities": [
+                {"type": c}
+                for c in ("GPU_RESOURCES", "PARTITION_AWARE", "TASK_KILLING_STATE", "MULTI_ROLE")
+            ],
+        }
+        if s.principal:
+            info["principal"] = s.principal
+        if self.framework_id:
+            info["id"] = {"value": self.framework_id}
+        return info
+
+    def _connect(self) -> None:
+        driver = _Driver(
+            _Callbacks(self),
+            self._framework_info(),
+            self.settings.master,
+            use_addict=False,
+            implicit_acknowledgements=False,
+            principal=self.settings.principal or None,
+            failover=True,
+            timeout=_CONNECT_TIMEOUT,
+        )
+        driver.owner = self
+        self._driver = driver
+        self._last_event = self._now()
+        driver.start()
+
+    def _reconnect(self, why: str) -> None:
+        """Drop the subscription and subscribe again (same framework id), e.g. when heartbeats
+        stopped: pymesos itself only notices a connection that is closed."""
+        log.warning("reconnecting to Mesos", extra={"reason": why})
+        self._set_disconnected()
+        old = self._driver
+        if old is not None:
+            old.stop(failover=True)
+            old.join()
+        if not self._stop.is_set():
+            self._connect()
+
+    def _set_disconnected(self) -> None:
+        self._connected.clear()
+        self.metrics.connected.set(0)
+
+    # ------------------------------------------------------------------ driver events
+
+    def on_subscribed(self, framework_id: str, heartbeat: float) -> None:
+        self._heartbeat_interval = heartbeat or 15.0
+        self._last_event = self._now()
+        self._suppressed = False
+        if framework_id != self.framework_id:
+            self._store.save_framework_id(self.settings.framework_name, framework_id)
+            self.framework_id = framework_id
+        self._connected.set()
+        self.metrics.connected.set(1)
+        log.info("subscribed to Mesos", extra={"framework_id": framework_id})
+        # Offers held from before the (re)subscription are void.
+        self.pool.take_unleased()
+        self._work.put(self._reconcile)
+
+    def on_event(self) -> None:
+        self._last_event = self._now()
+
+    def on_offers(self, raw: Sequence[Mapping[str, Any]]) -> None:
+        now = self._now()
+        offers: list[Offer] = []
+        for r in raw:
+            try:
+                offers.append(parse_offer(r, now))
+            except ValueError:
+                log.exception("ignoring malformed offer")
+        self.metrics.offers_received.inc(len(offers))
+        self.pool.add(offers)
+        for host in {o.hostname: o for o in offers}.values():
+            self.hosts.observe(
+                host.hostname,
+                host.agent_id,
+                self.pool.offered().get(host.agent_id, Resources()),
+                host.attributes,
+                host.agent_address,
+            )
+        self.metrics.offers_held.set(self.pool.held())
+        self._work.put(self._after_offers)
+
+    def on_rescind(self, offer_id: str) -> None:
+        self.pool.rescind(offer_id)
+        self.metrics.offers_held.set(self.pool.held())
+
+    def on_update(self, status: Mapping[str, Any]) -> None:
+        self._work.put(lambda: self._handle_update(status))
+
+    def on_agent_lost(self, agent_id: str) -> None:
+        self.pool.remove_agent(agent_id)
+        host = self.hosts.agent_lost(agent_id)
+        if host is not None:
+            log.warning("agent lost", extra={"host": host.hostname, "agent_id": agent_id})
+        self._work.put(self._check_capacity)
+
+    def on_error(self, message: str) -> None:
+        # The master refuses us (e.g. the framework was removed after failover_timeout): the
+        # old id is dead, so subscribe as a new framework; reconciliation ends the lost tasks.
+        log.error("Mesos error", extra={"error": message})
+        if "removed" in message.lower():
+            self.framework_id = ""
+            self._store.save_framework_id(self.settings.framework_name, "")
+        self._work.put(lambda: self._reconnect(f"master error: {message}"))
+
+    def on_disconnected(self) -> None:
+        self._set_disconnected()
+        log.warning("disconnected from Mesos; pymesos reconnects with backoff")
+
+    # ------------------------------------------------------------------ worker
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                job = self._work.get(timeout=1.0)
+            except queue.Empty:
+                job = None
+            try:
+                if job is not None:
+                    job()
+                self._tick()
+            except Exception:
+                log.exception("host manager step failed")
+
+    def _tick(self) -> None:
+        now = self._now()
+        for lease in self.pool.expire(now):
+            log.info("lease expired", extra={"host": lease.hostname})
+        if not self.connected:
+            return
+        if now - self._last_event > self.settings.missed_heartbeats * self._heartbeat_interval:
+            self._reconnect(f"no heartbeat for {now - self._last_event:.0f}s")
+            return
+        stale = self.pool.take_unleased(self.settings.offer_hold_seconds, now)
+        if stale:
+            self._decline(stale, refuse=1.0)
+        if now >= self._next_reconcile:
+            self._reconcile()
+        self._check_capacity()
+
+    def _after_offers(self) -> None:
+        if not self._demand:
+            offers = self.pool.take_unleased()
+            if offers:
+                self._decline(offers, refuse=self.settings.refuse_seconds)
+            self._suppress()
+        self._check_capacity()
+        for listener in list(self._offer_listeners):
+            listener()
+
+    def _decline(self, offers: Sequence[Offer], refuse: float) -> None:
+        self.metrics.offers_held.set(self.pool.held())
+        self._call(
+            lambda d: d.declineOffer(
+                [{"value": o.offer_id} for o in offers], {"refuse_seconds": refuse}
+            )
+        )
+
+    def _suppress(self) -> None:
+        if not self._suppressed and self._call(lambda d: d.suppressOffers()):
+            self._suppressed = True
+            log.info("offers suppressed: nothing waits for placement")
+
+    def _call(self, fn: Callable[[MesosSchedulerDriver], None]) -> bool:
+        driver = self._driver
+        if driver is None or not self.connected:
+            return False
+        try:
+            fn(driver)
+            return True
+        except Exception as exc:  # the master went away mid-call; the stream notices too
+            log.warning("Mesos call failed", extra={"error": str(exc)})
+            return False
+
+    def _check_capacity(self) -> None:
+        total = self.hosts.capacity()["total"]
+        if total != self._capacity:
+            self._capacity = total
+            if self._on_capacity is not None:
+                self._on_capacity(total)
+
+    # ------------------------------------------------------------------ demand (placement)
+
+    def add_offer_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the worker thread) whenever new offers arrived."""
+        self._offer_listeners.append(listener)
+
+    def set_demand(self, demand: bool) -> None:
+        """Placement has gangs waiting (REVIVE when it starts) or none (SUPPRESS, decline)."""
+        with self._lock:
+            changed, self._demand = demand != self._demand, demand
+        if changed and demand:
+            self._work.put(self._revive)
+        elif changed:
+            self._work.put(self._after_offers)
+
+    def _revive(self) -> None:
+        if self._demand and self._call(lambda d: d.reviveOffers()):
+            self._suppressed = False
+            log.info("offers revived: gangs wait for placement")
+
+    def snapshot(self) -> list[HostOffers]:
+        """Unleased offered hosts that may take placements (draining and down ones left out)."""
+        return self.pool.snapshot(exclude=self.hosts.draining())
+
+    def lease(self, hostname: str) -> Lease | None:
+        return self.pool.lease(hostname, self._now())
+
+    def release(self, lease: Lease) -> None:
+        self.pool.release(lease)
+
+    # ------------------------------------------------------------------ launch and kill
+
+    def launch(self, shares: Sequence[tuple[Lease, Sequence[LaunchTask]]]) -> None:
+        """Launch each host's share of a gang as one task group (one ACCEPT per host).
+
+        All leases are consumed first, all or none (LeaseError if one expired or lost an
+        offer); Unavailable if not subscribed. A host whose ACCEPT fails loses its tasks: the
+        master never saw them, so reconciliation reports them LOST.
+        """
+        driver = self._driver
+        if driver is None or not self.connected or not self.framework_id:
+            raise Unavailable("not subscribed to a Mesos master")
+        self.pool.take_for_launch([lease for lease, _ in shares], self._now())
+        self.metrics.offers_held.set(self.pool.held())
+        for lease, tasks in shares:
+            executor_id = f"{tasks[0].task_id}-executor"
+            for t in tasks:
+                self._where[t.task_id] = _Where(lease.agent_id, executor_id, lease.hostname)
+                self.hosts.use(t.task_id, lease.hostname, t.resources)
+            op = launch_group(
+                lease, self.framework_id, executor_id, self._executor_resources, tasks
+            )
+            offer_ids = [{"value": i} for i in lease.offer_ids]
+            if self._call(lambda d, o=offer_ids, op=op: d.acceptOffers(o, [op], {})):  # type: ignore[misc]
+                self.metrics.tasks_launched.inc(len(tasks))
+            else:
+                log.warning("ACCEPT failed", extra={"host": lease.hostname})
+
+    def kill(self, attempt_ids: Sequence[str], grace_seconds: int) -> None:
+        """TaskKiller: KILL each attempt with a grace period (SIGTERM, then SIGKILL)."""
+        for attempt in attempt_ids:
+            self._work.put(lambda a=attempt: self._kill(a, grace_seconds))  # type: ignore[misc]
+
+    def _kill(self, task_id: str, grace_seconds: int, agent_id: str = "") -> None:
+        body: dict[str, Any] = {"task_id": {"value": task_id}}
+        where = self._where.get(task_id)
+        agent = agent_id or (where.agent_id if where else "")
+        if agent:
+            body["agent_id"] = {"value": agent}
+        body["kill_policy"] = grace_policy(grace_seconds)
+        self._call(
+            lambda d: d._send(
+                {"type": "KILL", "framework_id": {"value": self.framework_id}, "kill": body}
+            )
+        )
+        log.info("kill sent", extra={"task_id": task_id, "grace_seconds": grace_seconds})
+
+    def sandbox(self, task_id: str, hostname: str) -> tuple[str, str, str]:
+        """(agent address, framework id, executor id) of an attempt's sandbox."""
+        where = self._where.get(task_id)
+        host = where.hostname if where else hostname
+        if not host:
+            raise FailedPrecondition(f"task {task_id} has not been placed on a host")
+        if where is None:
+            raise FailedPrecondition(
+                f"the sandbox of {task_id} is unknown (no status update seen since restart)"
+            )
+        return self.hosts.get(host).record.address, self.framework_id, where.executor_id
+
+    # ------------------------------------------------------------------ status updates
+
+    def _handle_update(self, status: Mapping[str, Any]) -> None:
+        task_id = status["task_id"]["value"]
+        state = status.get("state", "")
+        agent_id = status.get("agent_id", {}).get("value", "")
+        self.metrics.status_updates.labels(state=state).inc()
+        try:
+            persisted = self._persist(task_id, state, status, agent_id)
+        except (FailedPrecondition, NotFound, ValueError) as exc:
+            # Not applicable (stale, illegal, unknown job): nothing to persist; ack it.
+            log.info("status update not applied", extra={"task_id": task_id, "error": str(exc)})
+            persisted = True
+        if persisted and "uuid" in status:
+            self._call(lambda d: d.acknowledgeStatusUpdate(dict(status)))
+
+    def _persist(self, task_id: str, state: str, status: Mapping[str, Any], agent_id: str) -> bool:
+        """Apply an update to the job manager; True once it is durable (or needs nothing)."""
+        ids = parse_attempt_id(task_id)
+        mesos_active = state in mesos_states.MESOS_ACTIVE and state != "TASK_UNREACHABLE"
+        if ids is None:
+            if mesos_active:
+                self._kill(task_id, 0, agent_id)  # not one of ours
+            return True
+        job_id, instance, attempt = ids
+        try:
+            task, _ = self._jobs.get_task(job_id, instance)
+        except NotFound:
+            if mesos_active:
+                self._kill(task_id, 0, agent_id)
+            return True
+        current = task.current
+        if attempt != current.attempt or current.state in TASK_TERMINAL:
+            # Peloton has moved on (a newer attempt, or this one ended): the task must not run.
+            if mesos_active:
+                log.warning("killing a task peloton does not run", extra={"task_id": task_id})
+                self._kill(task_id, 0, agent_id)
+            return True
+        target = mesos_states.to_peloton(state, current.state)
+        executor = status.get("executor_id", {}).get("value", "")
+        known = self._where.get(task_id)
+        hostname = known.hostname if known else current.host
+        if executor or known is None:
+            self._where[task_id] = _Where(
+                agent_id or (known.agent_id if known else ""),
+                executor or (known.executor_id if known else ""),
+                hostname,
+            )
+        if target is None:
+            return True
+        reason, message = mesos_states.reason_of(
+            state, status.get("reason", ""), status.get("message", "")
+        )
+        job = self._jobs.update_tasks(
+            job_id, [TaskUpdate(instance, attempt, target, reason, message, hostname)]
+        )
+        if target in TASK_TERMINAL:
+            # The sandbox location stays known, for `peloton task logs` of ended tasks.
+            self.hosts.unuse(task_id)
+        elif hostname and self.hosts.host_of(task_id) == "":
+            self.hosts.use(task_id, hostname, Resources.from_proto(job.spec.task.resources))
+        return True
+
+    # ------------------------------------------------------------------ reconciliation
+
+    def _reconcile(self) -> None:
+        """Explicit reconciliation of every attempt peloton believes active, then implicit
+        (Mesos then reports every task it knows; ones peloton doesn't run are killed)."""
+        self._next_reconcile = self._now() + self.settings.reconcile_interval_seconds
+        active = self.active_attempts()
+        for i in range(0, len(active), 1000):
+            batch = [{"task_id": {"value": t}} for t in active[i : i + 1000]]
+            self._call(lambda d, b=batch: d.reconcileTasks(b))  # type: ignore[misc]
+        self._call(lambda d: d.reconcileTasks([]))
+        log.info("reconciliation requested", extra={"explicit": len(active)})
+
+    def active_attempts(self) -> list[str]:
+        """Mesos task ids of every attempt peloton believes may run on a host."""
+        return self._store.active_attempts(TASK_ACTIVE)
+
+    def host_state(self, hostname: str) -> HostState:
+        return self.hosts.get(hostname).record.state
+
+
+class _Driver(MesosSchedulerDriver):  # type: ignore[misc]
+    """pymesos's driver, telling the owner the heartbeat interval and that events arrive."""
+
+    owner: HostManager
+
+    def on_subscribed(self, info: dict[str, Any]) -> None:
+        super().on_subscribed(info)
+        try:
+            self.owner.on_subscribed(
+                info["framework_id"]["value"], float(info.get("heartbeat_interval_seconds", 15))
+            )
+        except Exception:
+            log.exception("handling SUBSCRIBED failed")
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        self.owner.on_event()
+        super().on_event(event)
+
+
+class _Callbacks(Scheduler):  # type: ignore[misc]
+    """pymesos callbacks; each catches everything (an escape would SIGINT the daemon)."""
+
+    def __init__(self, owner: HostManager) -> None:
+        self._owner = owner
+
+    def _safe(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("Mesos event handling failed")
+
+    def resourceOffers(self, driver: object, offers: list[dict[str, Any]]) -> None:
+        self._safe(lambda: self._owner.on_offers(offers))
+
+    def offerRescinded(self, driver: object, offer_id: dict[str, Any]) -> None:
+        self._safe(lambda: self._owner.on_rescind(offer_id["value"]))
+
+    def statusUpdate(self, driver: object, status: dict[str, Any]) -> None:
+        self._safe(lambda: self._owner.on_update(status))
+
+    def slaveLost(self, driver: object, agent_id: dict[str, Any]) -> None:
+        self._safe(lambda: self._owner.on_agent_lost(agent_id["value"]))
+
+    def executorLost(
+        self, driver: object, executor_id: object, agent_id: object, status: int
+    ) -> None:
+        log.info("executor lost", extra={"executor_id": str(executor_id), "status": status})
+
+    def error(self, driver: object, message: str) -> None:
+        self._safe(lambda: self._owner.on_error(message))
+
+    def disconnected(self, driver: object) -> None:
+        self._safe(self._owner.on_disconnected)

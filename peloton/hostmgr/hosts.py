@@ -1,0 +1,238 @@
+"""Host records: the agents peloton knows, their resources and attributes, and drain state.
+
+Mesos never states an agent's total: offers show what is free. A host's total is therefore
+estimated as the most ever seen of (offered now + used by peloton's tasks on it), which is exact
+once the host has been offered whole or fully used, and never shrinks while the agent lives.
+The registry is the in-memory view; every change a user or a later daemon needs (a new host, a
+changed total or address, drain state, a lost agent) is written through a :class:`HostStore`.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Protocol
+
+from peloton.errors import FailedPrecondition, NotFound
+from peloton.jobmgr.states import TaskState
+from peloton.resources import ZERO, Resources
+
+
+class HostState(enum.StrEnum):
+    UP = "UP"
+    # No new placements; running tasks are left alone.
+    DRAINING = "DRAINING"
+    # The agent was lost (or removed); its record is kept.
+    DOWN = "DOWN"
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    hostname: str
+    agent_id: str
+    state: HostState
+    total: Resources
+    attributes: Mapping[str, str]
+    # The agent's HTTP address (host:port), where its sandbox files are read.
+    address: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class HostView:
+    """A host with what peloton's tasks use on it now."""
+
+    record: HostRecord
+    used: Resources
+
+    @property
+    def free(self) -> Resources:
+        return (self.record.total - self.used).clamp_min_zero()
+
+
+class HostStore(Protocol):
+    """Persistence of hosts and of the framework id (peloton.storage.hosts implements it)."""
+
+    def load_hosts(self) -> list[HostRecord]: ...
+
+    def save_host(self, host: HostRecord) -> None: ...
+
+    def load_framework_id(self, name: str) -> str: ...
+
+    def save_framework_id(self, name: str, framework_id: str) -> None: ...
+
+    def active_attempts(self, states: Iterable[TaskState]) -> list[str]:
+        """Mesos task ids of the current attempts of every task in ``states``."""
+        ...
+
+
+class MemoryHostStore:
+    """A HostStore in memory: for unit tests and benchmarks of logic around it."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, HostRecord] = {}
+        self.framework_ids: dict[str, str] = {}
+        self.attempts: list[str] = []
+
+    def load_hosts(self) -> list[HostRecord]:
+        return list(self.hosts.values())
+
+    def save_host(self, host: HostRecord) -> None:
+        self.hosts[host.hostname] = host
+
+    def load_framework_id(self, name: str) -> str:
+        return self.framework_ids.get(name, "")
+
+    def save_framework_id(self, name: str, framework_id: str) -> None:
+        self.framework_ids[name] = framework_id
+
+    def active_attempts(self, states: Iterable[TaskState]) -> list[str]:
+        return list(self.attempts)
+
+
+@dataclass
+class _Usage:
+    by_attempt: dict[str, tuple[str, Resources]] = field(default_factory=dict)  # -> hostname
+
+
+class HostRegistry:
+    """Known hosts by hostname, with peloton's usage per running attempt. Thread-safe."""
+
+    def __init__(self, store: HostStore, clock: Callable[[], datetime]) -> None:
+        self._store = store
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._hosts: dict[str, HostRecord] = {h.hostname: h for h in store.load_hosts()}
+        self._usage = _Usage()
+
+    # ------------------------------------------------------------------ what Mesos tells
+
+    def observe(
+        self,
+        hostname: str,
+        agent_id: str,
+        offered: Resources,
+        attributes: Mapping[str, str],
+        address: str,
+    ) -> bool:
+        """An offer (or the sum of a host's held offers) was seen. Returns True if the host's
+        record changed (then it was saved): a new host, a larger total, a new agent or address."""
+        with self._lock:
+            seen = offered + self._used(hostname)
+            old = self._hosts.get(hostname)
+            if old is None:
+                new = HostRecord(
+                    hostname, agent_id, HostState.UP, seen, dict(attributes), address, self._clock()
+                )
+            else:
+                fresh_agent = old.agent_id != agent_id
+                total = seen if fresh_agent else _max(old.total, seen)
+                state = HostState.UP if old.state == HostState.DOWN else old.state
+                new = replace(
+                    old,
+                    agent_id=agent_id,
+                    state=state,
+                    total=total,
+                    attributes=dict(attributes),
+                    address=address,
+                )
+                if new == old:
+                    return False
+                new = replace(new, updated_at=self._clock())
+            self._hosts[hostname] = new
+        self._store.save_host(new)
+        return True
+
+    def agent_lost(self, agent_id: str) -> HostRecord | None:
+        """Mark the host of a lost agent DOWN (it leaves the cluster's capacity)."""
+        with self._lock:
+            host = next((h for h in self._hosts.values() if h.agent_id == agent_id), None)
+            if host is None or host.state == HostState.DOWN:
+                return None
+            new = replace(host, state=HostState.DOWN, updated_at=self._clock())
+            self._hosts[host.hostname] = new
+        self._store.save_host(new)
+        return new
+
+    # ------------------------------------------------------------------ peloton's usage
+
+    def use(self, attempt_id: str, hostname: str, resources: Resources) -> None:
+        with self._lock:
+            self._usage.by_attempt[attempt_id] = (hostname, resources)
+
+    def unuse(self, attempt_id: str) -> None:
+        with self._lock:
+            self._usage.by_attempt.pop(attempt_id, None)
+
+    def host_of(self, attempt_id: str) -> str:
+        with self._lock:
+            entry = self._usage.by_attempt.get(attempt_id)
+            return entry[0] if entry else ""
+
+    def _used(self, hostname: str) -> Resources:
+        total = ZERO
+        for host, res in self._usage.by_attempt.values():
+            if host == hostname:
+                total = total + res
+        return total
+
+    # ------------------------------------------------------------------ users
+
+    def get(self, hostname: str) -> HostView:
+        with self._lock:
+            host = self._hosts.get(hostname)
+            if host is None:
+                raise NotFound(f"host {hostname} not found")
+            return HostView(host, self._used(hostname))
+
+    def list(self) -> list[HostView]:
+        with self._lock:
+            used: dict[str, Resources] = {}
+            for host, res in self._usage.by_attempt.values():
+                used[host] = used.get(host, ZERO) + res
+            return [HostView(h, used.get(n, ZERO)) for n, h in sorted(self._hosts.items())]
+
+    def set_draining(self, hostname: str, draining: bool) -> HostView:
+        """Drain (no new placements) or undrain a host. A DOWN host can't be drained."""
+        with self._lock:
+            host = self._hosts.get(hostname)
+            if host is None:
+                raise NotFound(f"host {hostname} not found")
+            if host.state == HostState.DOWN:
+                raise FailedPrecondition(f"host {hostname} is DOWN")
+            state = HostState.DRAINING if draining else HostState.UP
+            new = host if host.state == state else replace(host, state=state)
+            if new is not host:
+                new = replace(new, updated_at=self._clock())
+                self._hosts[hostname] = new
+            view = HostView(new, self._used(hostname))
+        if new is not host:
+            self._store.save_host(new)
+        return view
+
+    def draining(self) -> set[str]:
+        """Hostnames that must get no new placements."""
+        with self._lock:
+            return {n for n, h in self._hosts.items() if h.state != HostState.UP}
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            out: dict[str, int] = {}
+            for h in self._hosts.values():
+                out[h.state.value] = out.get(h.state.value, 0) + 1
+            return out
+
+    def capacity(self) -> dict[str, Resources]:
+        """total, used and free of the hosts that are not DOWN."""
+        views = [v for v in self.list() if v.record.state != HostState.DOWN]
+        total = used = ZERO
+        for v in views:
+            total, used = total + v.record.total, used + v.used
+        return {"total": total, "used": used, "free": (total - used).clamp_min_zero()}
+
+
+def _max(a: Resources, b: Resources) -> Resources:
+    return Resources(*(max(x, y) for (_, x), (_, y) in zip(a.items(), b.items(), strict=True)))

@@ -1,0 +1,352 @@
+"""The offer pool: Mesos offers kept per host, and leases that claim a host for one placement.
+
+A lease claims every offer a host has at that moment, so a host is never promised to two
+placements: while it is leased it is out of every snapshot, and its offers can only be used
+through the lease. A lease ends one of three ways: ``take_for_launch`` (the offers are consumed
+by an ACCEPT), ``release`` (placement gave up; the offers are free again) or expiry (the claim
+was not used in time; the offers are free again). A rescinded offer leaves its lease, and a lease
+that lost an offer can no longer launch.
+
+Pure logic: no I/O; the caller passes the time. Thread-safe: one lock around every operation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from peloton.resources import ZERO, Resources
+
+# Mesos scalar resource names -> Resources kinds.
+_SCALARS = {"cpus": "cpu", "mem": "mem_mb", "disk": "disk_mb", "gpus": "gpu"}
+
+PortRange = tuple[int, int]
+
+
+class LeaseError(Exception):
+    """A lease cannot be used: it expired, was released, or lost an offer to a rescind."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One Mesos offer, parsed: what peloton needs of it, plus the raw resources to echo back."""
+
+    offer_id: str
+    agent_id: str
+    hostname: str
+    resources: Resources
+    ports: tuple[PortRange, ...]
+    attributes: Mapping[str, str]
+    # The agent's HTTP address, host:port (from the offer's url): sandbox files are read there.
+    agent_address: str
+    # The offer's allocation_info (MULTI_ROLE masters), echoed on launched resources.
+    allocation_info: Mapping[str, Any] | None
+    received_at: float
+
+
+def parse_offer(raw: Mapping[str, Any], now: float) -> Offer:
+    """An Offer from a v1 OFFERS entry (JSON as a dict). Raises ValueError naming the field."""
+    try:
+        scalars: dict[str, float] = {}
+        ports: list[PortRange] = []
+        for res in raw.get("resources", []):
+            name, kind = res["name"], res.get("type", "SCALAR")
+            if name in _SCALARS and kind == "SCALAR":
+                key = _SCALARS[name]
+                scalars[key] = scalars.get(key, 0.0) + float(res["scalar"]["value"])
+            elif name == "ports" and kind == "RANGES":
+                ports.extend(
+                    (int(r["begin"]), int(r["end"])) for r in res["ranges"].get("range", [])
+                )
+        return Offer(
+            offer_id=raw["id"]["value"],
+            agent_id=raw["agent_id"]["value"],
+            hostname=raw["hostname"],
+            resources=Resources.of(scalars),
+            ports=tuple(sorted(ports)),
+            attributes=_attributes(raw.get("attributes", [])),
+            agent_address=_agent_address(raw.get("url"), raw["hostname"]),
+            allocation_info=raw.get("allocation_info"),
+            received_at=now,
+        )
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"malformed offer: missing or bad field {exc}") from exc
+
+
+def _attributes(raw: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for attr in raw:
+        kind = attr.get("type", "TEXT")
+        if kind == "TEXT":
+            out[attr["name"]] = str(attr["text"]["value"])
+        elif kind == "SCALAR":
+            value = float(attr["scalar"]["value"])
+            out[attr["name"]] = str(int(value)) if value.is_integer() else str(value)
+        elif kind == "SET":
+            out[attr["name"]] = ",".join(attr["set"].get("item", []))
+        elif kind == "RANGES":
+            ranges = attr["ranges"].get("range", [])
+            out[attr["name"]] = ",".join(f"{r['begin']}-{r['end']}" for r in ranges)
+    return out
+
+
+def _agent_address(url: Mapping[str, Any] | None, hostname: str) -> str:
+    if not url:
+        return f"{hostname}:5051"
+    address = url.get("address", {})
+    host = address.get("ip") or address.get("hostname") or hostname
+    return f"{host}:{int(address.get('port', 5051))}"
+
+
+def port_count(ranges: Iterable[PortRange]) -> int:
+    return sum(end - begin + 1 for begin, end in ranges)
+
+
+def take_ports(ranges: Sequence[PortRange], n: int) -> list[int]:
+    """The ``n`` lowest ports of ``ranges`` (ValueError if there are fewer)."""
+    out: list[int] = []
+    for begin, end in ranges:
+        for port in range(begin, end + 1):
+            if len(out) == n:
+                return out
+            out.append(port)
+    if len(out) < n:
+        raise ValueError(f"needs {n} ports, the offers have {len(out)}")
+    return out
+
+
+@dataclass(frozen=True)
+class HostOffers:
+    """A host's free offered resources, as placement sees them in a snapshot."""
+
+    hostname: str
+    agent_id: str
+    free: Resources
+    ports: tuple[PortRange, ...]
+    attributes: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claim on every offer one host had when it was leased."""
+
+    lease_id: str
+    hostname: str
+    agent_id: str
+    offers: tuple[Offer, ...]
+    expires_at: float
+
+    @property
+    def offer_ids(self) -> tuple[str, ...]:
+        return tuple(o.offer_id for o in self.offers)
+
+    @property
+    def resources(self) -> Resources:
+        total = ZERO
+        for o in self.offers:
+            total = total + o.resources
+        return total
+
+    @property
+    def ports(self) -> tuple[PortRange, ...]:
+        return tuple(sorted(r for o in self.offers for r in o.ports))
+
+    @property
+    def agent_address(self) -> str:
+        return self.offers[0].agent_address if self.offers else ""
+
+
+@dataclass
+class _Host:
+    agent_id: str
+    offers: dict[str, Offer] = field(default_factory=dict)
+    lease: Lease | None = None
+    # The lease lost an offer to a rescind: it can only be released or expire.
+    spoiled: bool = False
+
+
+class OfferPool:
+    """Offers by host, with leases. Times are seconds on the caller's clock."""
+
+    def __init__(self, lease_seconds: float = 60.0) -> None:
+        self._lease_seconds = lease_seconds
+        self._lock = threading.Lock()
+        self._hosts: dict[str, _Host] = {}
+        self._host_of_offer: dict[str, str] = {}
+        self._leases: dict[str, str] = {}  # lease id -> hostname
+        self._ids = itertools.count(1)
+
+    # ------------------------------------------------------------------ offers in and out
+
+    def add(self, offers: Iterable[Offer]) -> None:
+        with self._lock:
+            for offer in offers:
+                host = self._hosts.get(offer.hostname)
+                if host is None or host.agent_id != offer.agent_id:
+                    # A new agent on a known hostname replaces the old one's offers.
+                    if host is not None:
+                        self._drop_host(offer.hostname)
+                    host = self._hosts[offer.hostname] = _Host(offer.agent_id)
+                host.offers[offer.offer_id] = offer
+                self._host_of_offer[offer.offer_id] = offer.hostname
+
+    def rescind(self, offer_id: str) -> bool:
+        """Forget a rescinded offer; True if it was held. A lease holding it is spoiled."""
+        with self._lock:
+            hostname = self._host_of_offer.pop(offer_id, None)
+            if hostname is None:
+                return False
+            host = self._hosts[hostname]
+            host.offers.pop(offer_id, None)
+            if host.lease is not None and offer_id in host.lease.offer_ids:
+                host.spoiled = True
+            return True
+
+    def remove_agent(self, agent_id: str) -> list[str]:
+        """Forget a lost agent's offers (and spoil its lease); returns the offer ids."""
+        with self._lock:
+            for hostname, host in list(self._hosts.items()):
+                if host.agent_id == agent_id:
+                    return self._drop_host(hostname)
+            return []
+
+    def _drop_host(self, hostname: str) -> list[str]:
+        host = self._hosts[hostname]
+        ids = list(host.offers)
+        for offer_id in ids:
+            self._host_of_offer.pop(offer_id, None)
+        host.offers.clear()
+        if host.lease is not None:
+            host.spoiled = True
+        else:
+            del self._hosts[hostname]
+        return ids
+
+    def take_unleased(self, older_than: float | None = None, now: float = 0.0) -> list[Offer]:
+        """Remove and return unleased offers (to decline them): all of them, or those received
+        more than ``older_than`` seconds before ``now``."""
+        out: list[Offer] = []
+        with self._lock:
+            for hostname, host in list(self._hosts.items()):
+                if host.lease is not None:
+                    continue
+                for offer_id, offer in list(host.offers.items()):
+                    if older_than is None or now - offer.received_at > older_than:
+                        out.append(host.offers.pop(offer_id))
+                        del self._host_of_offer[offer_id]
+                if not host.offers:
+                    del self._hosts[hostname]
+        return out
+
+    # ------------------------------------------------------------------ reading
+
+    def snapshot(self, exclude: Iterable[str] = ()) -> list[HostOffers]:
+        """Unleased hosts with offers (minus ``exclude``, e.g. draining hosts), by hostname."""
+        skip = set(exclude)
+        with self._lock:
+            return [
+                HostOffers(
+                    hostname=name,
+                    agent_id=host.agent_id,
+                    free=_sum(host.offers.values()),
+                    ports=tuple(sorted(r for o in host.offers.values() for r in o.ports)),
+                    attributes=next(iter(host.offers.values())).attributes,
+                )
+                for name, host in sorted(self._hosts.items())
+                if host.lease is None and host.offers and name not in skip
+            ]
+
+    def offered(self) -> dict[str, Resources]:
+        """Resources offered (held, leased or not) per agent id."""
+        with self._lock:
+            return {h.agent_id: _sum(h.offers.values()) for h in self._hosts.values()}
+
+    def held(self) -> int:
+        """How many offers are held."""
+        with self._lock:
+            return len(self._host_of_offer)
+
+    def leased_hosts(self) -> set[str]:
+        with self._lock:
+            return {name for name, h in self._hosts.items() if h.lease is not None}
+
+    # ------------------------------------------------------------------ leases
+
+    def lease(self, hostname: str, now: float) -> Lease | None:
+        """Claim every offer of ``hostname``; None if it has none or is already leased."""
+        with self._lock:
+            host = self._hosts.get(hostname)
+            if host is None or host.lease is not None or not host.offers:
+                return None
+            lease = Lease(
+                lease_id=f"lease-{next(self._ids)}",
+                hostname=hostname,
+                agent_id=host.agent_id,
+                offers=tuple(host.offers.values()),
+                expires_at=now + self._lease_seconds,
+            )
+            host.lease, host.spoiled = lease, False
+            self._leases[lease.lease_id] = hostname
+            return lease
+
+    def take_for_launch(self, leases: Sequence[Lease], now: float) -> None:
+        """Consume the offers of every lease in ``leases`` for one launch, all or none.
+
+        Raises LeaseError (and consumes nothing) if any lease is unknown, expired or spoiled.
+        """
+        with self._lock:
+            for lease in leases:
+                problem = self._check(lease, now)
+                if problem:
+                    raise LeaseError(f"lease on {lease.hostname} {problem}")
+            for lease in leases:
+                host = self._hosts[lease.hostname]
+                for offer_id in lease.offer_ids:
+                    host.offers.pop(offer_id, None)
+                    self._host_of_offer.pop(offer_id, None)
+                self._end(lease)
+
+    def _check(self, lease: Lease, now: float) -> str:
+        hostname = self._leases.get(lease.lease_id)
+        if hostname is None:
+            return "was released or has expired"
+        host = self._hosts[hostname]
+        if host.spoiled:
+            return "lost an offer (rescinded, or the agent went away)"
+        if now >= lease.expires_at:
+            return "has expired"
+        return ""
+
+    def release(self, lease: Lease) -> None:
+        """Give a lease up: its host's offers are free for other placements again."""
+        with self._lock:
+            if lease.lease_id in self._leases:
+                self._end(lease)
+
+    def expire(self, now: float) -> list[Lease]:
+        """End every lease past its expiry; returns them."""
+        with self._lock:
+            out = []
+            for hostname in list(self._leases.values()):
+                lease = self._hosts[hostname].lease
+                if lease is not None and now >= lease.expires_at:
+                    out.append(lease)
+                    self._end(lease)
+            return out
+
+    def _end(self, lease: Lease) -> None:
+        hostname = self._leases.pop(lease.lease_id)
+        host = self._hosts[hostname]
+        host.lease, host.spoiled = None, False
+        if not host.offers:
+            del self._hosts[hostname]
+
+
+def _sum(offers: Iterable[Offer]) -> Resources:
+    total = ZERO
+    for o in offers:
+        total = total + o.resources
+    return total

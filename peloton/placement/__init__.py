@@ -1,0 +1,1 @@
+"""Placement: admitted gangs onto hosts, all or nothing (first fit for now)."""

@@ -1,0 +1,64 @@
+"""Mesos task states onto peloton's."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from peloton.hostmgr.states import MESOS_STATES, reason_of, to_peloton
+from peloton.jobmgr.states import TASK_ACTIVE, TASK_TRANSITIONS, TaskState
+
+T = TaskState
+
+
+@pytest.mark.parametrize(
+    ("mesos", "current", "expected"),
+    [
+        ("TASK_STAGING", T.LAUNCHING, T.LAUNCHED),
+        ("TASK_STARTING", T.LAUNCHED, T.STARTING),
+        ("TASK_RUNNING", T.LAUNCHING, T.RUNNING),
+        ("TASK_RUNNING", T.RUNNING, None),
+        ("TASK_KILLING", T.KILLING, None),
+        ("TASK_FINISHED", T.RUNNING, T.SUCCEEDED),
+        ("TASK_FAILED", T.RUNNING, T.FAILED),
+        ("TASK_ERROR", T.LAUNCHING, T.FAILED),
+        ("TASK_KILLED", T.KILLING, T.KILLED),
+        ("TASK_KILLED", T.PREEMPTING, T.KILLED),
+        # Not asked for: the group went down with a failed sibling.
+        ("TASK_KILLED", T.RUNNING, T.LOST),
+        ("TASK_LOST", T.RUNNING, T.LOST),
+        ("TASK_DROPPED", T.LAUNCHING, T.LOST),
+        ("TASK_UNREACHABLE", T.RUNNING, T.LOST),
+        ("TASK_GONE", T.RUNNING, T.LOST),
+        ("TASK_GONE_BY_OPERATOR", T.RUNNING, T.LOST),
+        ("TASK_UNKNOWN", T.RUNNING, T.LOST),
+    ],
+)
+def test_mapping(mesos: str, current: TaskState, expected: TaskState | None) -> None:
+    assert to_peloton(mesos, current) == expected
+
+
+def test_unknown_state_is_an_error() -> None:
+    with pytest.raises(ValueError, match="TASK_BOGUS"):
+        to_peloton("TASK_BOGUS", T.RUNNING)
+
+
+@given(st.sampled_from(MESOS_STATES), st.sampled_from(sorted(TASK_ACTIVE)))
+def test_every_mapped_change_of_a_launched_task_is_a_legal_transition(
+    mesos: str, current: TaskState
+) -> None:
+    target = to_peloton(mesos, current)
+    assert target is None or target in TASK_TRANSITIONS[current]
+
+
+def test_late_progress_is_no_change() -> None:
+    assert to_peloton("TASK_STAGING", T.RUNNING) is None
+    assert to_peloton("TASK_RUNNING", T.KILLING) is None
+
+
+def test_reason_keeps_the_mesos_detail() -> None:
+    assert reason_of("TASK_FAILED", "REASON_COMMAND_EXECUTOR_FAILED", "exit 1") == (
+        "failed",
+        "REASON_COMMAND_EXECUTOR_FAILED, exit 1",
+    )
