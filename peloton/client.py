@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import grpc
 
-from peloton.v1 import job_pb2, job_pb2_grpc
+from peloton.v1 import job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
 
 R = TypeVar("R")
 DEFAULT_SERVER = "127.0.0.1:5392"
@@ -59,6 +59,7 @@ class PelotonClient:
             self.server, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
         )
         self._jobs = job_pb2_grpc.JobServiceStub(self._channel)
+        self._pools = pool_pb2_grpc.PoolServiceStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -173,6 +174,25 @@ class PelotonClient:
             token = page.next_page_token
             if not token:
                 return
+
+    # ------------------------------------------------------------------ pools
+
+    def create_pool(self, spec: pool_pb2.PoolSpec) -> pool_pb2.Pool:
+        return self._call(self._pools.CreatePool, pool_pb2.CreatePoolRequest(spec=spec)).pool
+
+    def update_pool(self, spec: pool_pb2.PoolSpec) -> pool_pb2.Pool:
+        """Replace a pool's spec (kinds left out go back to their defaults)."""
+        return self._call(self._pools.UpdatePool, pool_pb2.UpdatePoolRequest(spec=spec)).pool
+
+    def delete_pool(self, path: str) -> None:
+        self._call(self._pools.DeletePool, pool_pb2.DeletePoolRequest(path=path))
+
+    def get_pool(self, path: str) -> pool_pb2.Pool:
+        return self._call(self._pools.GetPool, pool_pb2.GetPoolRequest(path=path)).pool
+
+    def list_pools(self) -> list[pool_pb2.Pool]:
+        """The whole pool tree, parents before children, starting with the root ``/``."""
+        return list(self._call(self._pools.ListPools, pool_pb2.ListPoolsRequest()).pools)
 
     # ------------------------------------------------------------------ plumbing
 

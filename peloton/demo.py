@@ -102,19 +102,26 @@ def main() -> None:
         say("2. Start the daemon")
         env["PELOTON_SERVER"] = f"127.0.0.1:{daemon.start()}"
 
-        say("3. Submit the example job (examples/job.yaml) and list it")
+        say("3. Create a pool tree: /research with leaf pools /research/vision and /research/nlp")
+        for name in ("research", "vision", "nlp"):
+            run("pool", "create", f"examples/pools/{name}.yaml", env=env)
+        run("pool", "tree", env=env)
+
+        say("4. Submit the example job (examples/job.yaml) and see why it waits")
         submitted = run("job", "submit", JOB_FILE, "--request-id", "demo-1", env=env)
         job_id = submitted.split()[1]
         run("job", "list", env=env)
         run("task", "list", job_id, env=env)
+        run("job", "get", job_id, env=env)
 
-        say("4. Restart the daemon: the job must survive")
+        say("5. Restart the daemon: the job and the pools must survive")
         daemon.stop()
         env["PELOTON_SERVER"] = f"127.0.0.1:{daemon.start()}"
         run("job", "get", job_id, env=env)
         run("job", "submit", JOB_FILE, "--request-id", "demo-1", env=env)
+        run("pool", "get", "/research/vision", env=env)
 
-        say("5. Kill it and look at its history")
+        say("6. Kill it and look at its history")
         run("job", "kill", job_id, "--message", "demo over", env=env)
         run("task", "get", job_id, "0", env=env)
     finally:
@@ -123,7 +130,7 @@ def main() -> None:
     print(
         f"The job {job_id} outlived a daemon restart. Its database is {DEMO_DIR / 'peloton.db'};\n"
         f"the daemon's log is {daemon.log}. Nothing is left running.\n"
-        "Gangs are queued but not yet placed: pools, placement and Mesos arrive in later issues."
+        "It waited with a reason: this demo runs no cluster, so no hosts offer capacity."
     )
 
 

@@ -15,19 +15,25 @@ from sqlalchemy.engine import make_url
 
 from peloton.api.interceptor import ServiceInterceptor
 from peloton.api.job_service import JobService
+from peloton.api.pool_service import PoolService
 from peloton.config import ServerConfig
 from peloton.errors import Unavailable
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.states import JobState, TaskState
 from peloton.metrics import Metrics, StateCounts
+from peloton.resmgr.manager import ResourceManager
+from peloton.resmgr.metrics import ResmgrMetrics
 from peloton.storage import jobs as job_repo
 from peloton.storage import migrate
 from peloton.storage.db import Database
-from peloton.v1 import job_pb2, job_pb2_grpc
+from peloton.v1 import job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAMES = (job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,)
+SERVICE_NAMES = (
+    job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+    pool_pb2.DESCRIPTOR.services_by_name["PoolService"].full_name,
+)
 
 
 class Server:
@@ -38,6 +44,7 @@ class Server:
         self.metrics = Metrics()
         self.db: Database | None = None
         self.jobs: JobManager | None = None
+        self.resmgr: ResourceManager | None = None
         self.grpc_port = 0
         self.metrics_port = 0
         self._grpc: grpc.Server | None = None
@@ -57,6 +64,8 @@ class Server:
             raise
         self.db = db
         self.jobs = JobManager(db)
+        self.resmgr = ResourceManager(db, self.jobs, metrics=ResmgrMetrics(self.metrics.registry))
+        self.jobs.set_scheduler(self.resmgr)
         self._register_state_gauges(db)
 
         self._grpc = grpc.server(
@@ -67,6 +76,7 @@ class Server:
             options=[("grpc.so_reuseport", 0)],
         )
         job_pb2_grpc.add_JobServiceServicer_to_server(JobService(self.jobs), self._grpc)
+        pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolService(self.resmgr), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc
@@ -76,10 +86,6 @@ class Server:
             self.grpc_port = self._grpc.add_insecure_port(address)
         except RuntimeError as exc:
             raise Unavailable(f"cannot listen on {address}: {exc}") from exc
-        self._grpc.start()
-        for name in ("", *SERVICE_NAMES):
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-
         metrics_address = f"{self.config.metrics_host}:{self.config.metrics_port}"
         try:
             http = self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
@@ -87,6 +93,13 @@ class Server:
             raise Unavailable(f"cannot listen on {metrics_address}: {exc.strerror}") from exc
         self._metrics_http = http
         self.metrics_port = http.server_port
+
+        # Both ports are ours: rebuild the scheduling state, then take requests.
+        self.resmgr.load()
+        self.resmgr.start()
+        self._grpc.start()
+        for name in ("", *SERVICE_NAMES):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._started = True
         log.info(
             "peloton server started",
@@ -129,6 +142,8 @@ class Server:
             self.jobs.events.close()  # ends WatchJob streams cleanly
         if self._grpc is not None:
             self._grpc.stop(grace).wait()
+        if self.resmgr is not None:
+            self.resmgr.stop()
         http = self._metrics_http
         if http is not None:
             http.shutdown()  # type: ignore[attr-defined]

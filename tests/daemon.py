@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from peloton.config import ServerConfig
 from peloton.jobmgr.records import TaskUpdate
 from peloton.jobmgr.states import TaskState
+from peloton.resmgr.pool import PoolConfig
 from peloton.server import Server
 from peloton.storage import migrate
 from peloton.storage.db import make_engine
@@ -72,12 +73,22 @@ def migrated_sqlite_url(directory: Path) -> str:
 # ---------------------------------------------------------------------------- in-process server
 
 
+# Leaf pools the API and CLI tests put jobs in (besides /default), parents first.
+TEST_POOLS = ("/research", "/research/vision", "/research/nlp", "/vision", "/nlp")
+
+
 @contextmanager
-def in_process_server(db_url: str, data_dir: Path) -> Iterator[Server]:
-    """A started daemon on loopback (ports picked by the OS), stopped when the block ends."""
+def in_process_server(
+    db_url: str, data_dir: Path, pools: Sequence[str] = TEST_POOLS
+) -> Iterator[Server]:
+    """A started daemon on loopback (ports picked by the OS) with ``pools`` (no reservations),
+    stopped when the block ends."""
     server = Server(ServerConfig(db_url=db_url, grpc_port=0, metrics_port=0, data_dir=data_dir))
     server.start()
     try:
+        assert server.resmgr is not None
+        for path in pools:
+            server.resmgr.create_pool(PoolConfig(path))
         yield server
     finally:
         server.stop(grace=1.0)

@@ -16,6 +16,7 @@ from daemon import (
     free_port,
     health_status,
     run_peloton,
+    wait_for,
 )
 from grpc_health.v1 import health_pb2
 from support import make_spec
@@ -61,6 +62,19 @@ def snapshot(client: PelotonClient, db_url: str) -> dict[str, Any]:
     return out
 
 
+def settle(client: PelotonClient) -> None:
+    """Wait until the resource manager has said why every PENDING job waits."""
+
+    def unexplained() -> list[str]:
+        return [
+            j.job_id
+            for j in client.iter_jobs()
+            if j.state == J.JOB_STATE_PENDING and j.reason != "no_hosts"
+        ]
+
+    wait_for(lambda: not unexplained() or None, 10, "every pending job has its reason")
+
+
 def test_jobs_tasks_and_events_survive_a_restart(db_url: str, tmp_path: Path) -> None:
     args = serve_args(db_url, tmp_path / "data")
     with DaemonProcess(tmp_path / "first", args) as first:
@@ -73,6 +87,7 @@ def test_jobs_tasks_and_events_survive_a_restart(db_url: str, tmp_path: Path) ->
             restarted = client.create_job(make_spec(2, name="restarted")).job_id
             client.kill_job(restarted)
             client.restart_job(restarted, message="again")
+            settle(client)
             before = snapshot(client, db_url)
             killed_history = list(client.watch_job(killed))
         assert first.terminate() == 0

@@ -74,6 +74,8 @@ def cli(ctx: click.Context, server: str, timeout: float) -> None:
       peloton job submit examples/job.yaml
       peloton job list --state RUNNING -o json
       peloton job watch JOB_ID
+      peloton pool create examples/pools/vision.yaml
+      peloton pool tree
       peloton server --db-url postgresql://peloton@db/peloton
 
     Shell completion: eval "$(peloton completion bash)"
@@ -94,10 +96,11 @@ def completion(shell: str) -> None:
 
 
 def _register() -> None:
-    from peloton.cli import db, jobs, server
+    from peloton.cli import db, jobs, pools, server
 
     cli.add_command(jobs.job)
     cli.add_command(jobs.task)
+    cli.add_command(pools.pool)
     cli.add_command(server.server)
     cli.add_command(db.db)
 

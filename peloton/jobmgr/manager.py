@@ -55,6 +55,8 @@ DEFAULT_PAGE_JOBS = 100
 MAX_PAGE_TASKS = 10_000
 DEFAULT_PAGE_TASKS = 1000
 MAX_REQUEST_ID = 128
+# Reason of tasks and jobs taken back by the resource manager.
+PREEMPTED = "preempted"
 
 
 def utcnow() -> datetime:
@@ -65,6 +67,19 @@ class TaskKiller(Protocol):
     """Stops running attempts on their hosts (the host manager implements it)."""
 
     def kill(self, attempt_ids: Sequence[str], grace_seconds: int) -> None: ...
+
+
+class Scheduler(Protocol):
+    """The resource manager, as the job manager sees it."""
+
+    def check_pool(self, pool: str) -> None:
+        """Raise InvalidArgument naming ``pool`` unless jobs may run in that pool."""
+        ...
+
+    def job_changed(self, job_id: str) -> None:
+        """A job's tasks or goal changed (committed): its gangs may need (re)queueing or its
+        allocation releasing. Must be cheap: it is called on every change."""
+        ...
 
 
 class EventBus:
@@ -114,10 +129,14 @@ class JobManager:
         self._db = db
         self._clock = clock
         self._killer = killer
+        self._scheduler: Scheduler | None = None
         self.events = events or EventBus()
 
     def set_killer(self, killer: TaskKiller) -> None:
         self._killer = killer
+
+    def set_scheduler(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
 
     # ------------------------------------------------------------------ create and read
 
@@ -130,6 +149,8 @@ class JobManager:
             raise InvalidArgument("request_id", f"is longer than {MAX_REQUEST_ID} characters")
         full = specs.with_defaults(spec)
         specs.validate_job_spec(full)
+        if self._scheduler is not None:
+            self._scheduler.check_pool(full.pool)
         if request_id:
             existing = self._job_for_request(request_id, full)
             if existing is not None:
@@ -152,7 +173,7 @@ class JobManager:
             if existing is None:
                 raise
             return existing, False
-        self.events.publish()
+        self._after_commit((), 0, job_id)
         log.info(
             "job created",
             extra={
@@ -259,7 +280,7 @@ class JobManager:
             )
             job = repo.job_record(row)
             grace = repo.spec_from_bytes(row.spec).preemption.kill_grace_seconds
-        self._after_commit(to_kill, grace)
+        self._after_commit(to_kill, grace, job_id)
         log.info("job kill requested", extra={"job_id": job_id, "tasks_to_stop": len(to_kill)})
         return job
 
@@ -293,7 +314,7 @@ class JobManager:
             )
             job = repo.job_record(row)
             grace = repo.spec_from_bytes(row.spec).preemption.kill_grace_seconds
-        self._after_commit(to_kill, grace)
+        self._after_commit(to_kill, grace, job_id)
         log.info("job restarted", extra={"job_id": job_id})
         return job
 
@@ -336,6 +357,152 @@ class JobManager:
         self.events.publish()
         log.info("job deleted", extra={"job_id": job_id})
 
+    # ------------------------------------------------------------------ scheduling
+
+    def unfinished_jobs(self) -> list[JobRecord]:
+        """Every job that has not ended (what the resource manager rebuilds its state from)."""
+        with self._db.reading() as session:
+            return repo.unfinished_jobs(session)
+
+    def instances(self, job_id: str, states: Iterable[TaskState]) -> tuple[int, ...]:
+        """The instance ids of a job's tasks in ``states``, ascending."""
+        with self._db.reading() as session:
+            return repo.instances_in(session, job_id, states, limit=specs.MAX_INSTANCES)
+
+    def admit_pending(self, job_id: str, count: int, message: str) -> tuple[int, ...]:
+        """Move the ``count`` lowest PENDING instances of a job to READY, all or none: the
+        resource manager admitted them as one gang. Returns their instance ids (empty if the job
+        no longer has that many PENDING tasks, e.g. it was killed meanwhile)."""
+        with self._db.writing() as session:
+            row = self._lock(session, job_id)
+            ids = repo.instances_in(session, job_id, {TaskState.PENDING}, limit=count)
+            if Goal(row.goal) == Goal.KILL or len(ids) < count:
+                return ()
+            now = self._clock()
+            counts = repo.counts_of(row)
+            moved = repo.bulk_transition(
+                session,
+                job_id,
+                {TaskState.PENDING},
+                TaskState.READY,
+                now=now,
+                reason="admitted",
+                message=message,
+                goal=Goal.RUN,
+                ended=False,
+                instances=ids,
+            )
+            _shift(counts, moved, TaskState.READY)
+            self._derive(session, row, now, counts)
+            if JobState(row.state) == JobState.PENDING:
+                repo.update_job(session, row, reason="admitted", message=message, updated_at=now)
+        self._after_commit((), 0, job_id)
+        return ids
+
+    def set_pending_reason(self, job_id: str, reason: str, message: str) -> None:
+        """Say why a PENDING job waits (GetJob shows it); no-op for other states."""
+        with self._db.writing() as session:
+            row = self._lock(session, job_id)
+            if JobState(row.state) != JobState.PENDING or (row.reason, row.message) == (
+                reason,
+                message,
+            ):
+                return
+            # Not a change of state or spec: the version (optimistic concurrency) stays.
+            row.reason, row.message = reason, message
+        self.events.publish()
+
+    def fail_pending(self, job_id: str, reason: str, message: str) -> JobRecord:
+        """Fail a job's PENDING tasks: their gang can never be admitted (the job fails if
+        nothing else of it runs)."""
+        with self._db.writing() as session:
+            row = self._lock(session, job_id)
+            now = self._clock()
+            counts = repo.counts_of(row)
+            moved = repo.bulk_transition(
+                session,
+                job_id,
+                {TaskState.PENDING},
+                TaskState.FAILED,
+                now=now,
+                reason=reason,
+                message=message,
+                goal=Goal.RUN,
+                ended=True,
+            )
+            _shift(counts, moved, TaskState.FAILED)
+            self._derive(session, row, now, counts, reason=reason, message=message)
+            job = repo.job_record(row)
+        self._after_commit((), 0, job_id)
+        log.info("job gang infeasible", extra={"job_id": job_id, "reason": message})
+        return job
+
+    def preempt(self, job_id: str, message: str) -> JobRecord:
+        """Take a job's admitted tasks back as a whole: unlaunched ones return to PENDING at
+        once; launched ones are killed (PREEMPTING: SIGTERM, the job's grace, SIGKILL) and start
+        a new PENDING attempt when they have ended. The job is requeued, not failed."""
+        with self._db.writing() as session:
+            row = self._lock(session, job_id)
+            now = self._clock()
+            counts = repo.counts_of(row)
+            moved = repo.bulk_transition(
+                session,
+                job_id,
+                {TaskState.READY, TaskState.PLACING, TaskState.PLACED},
+                TaskState.PENDING,
+                now=now,
+                reason=PREEMPTED,
+                message=message,
+                goal=Goal.RUN,
+                ended=False,
+            )
+            _shift(counts, moved, TaskState.PENDING)
+            moved = repo.bulk_transition(
+                session,
+                job_id,
+                TASK_ACTIVE - {TaskState.KILLING, TaskState.PREEMPTING},
+                TaskState.PREEMPTING,
+                now=now,
+                reason=PREEMPTED,
+                message=message,
+                goal=Goal.RESTART,
+                ended=False,
+            )
+            _shift(counts, moved, TaskState.PREEMPTING)
+            to_kill = self._attempts_in(session, job_id, {TaskState.PREEMPTING})
+            self._derive(session, row, now, counts, reason=PREEMPTED, message=message)
+            job = repo.job_record(row)
+            grace = repo.spec_from_bytes(row.spec).preemption.kill_grace_seconds
+        self._after_commit(to_kill, grace, job_id)
+        log.info("job preempted", extra={"job_id": job_id, "reason": message})
+        return job
+
+    def requeue_placements(self) -> list[str]:
+        """Send tasks caught between placement and launch (PLACING, PLACED) back to READY, for a
+        daemon that starts: their host leases died with the previous one. Returns the jobs."""
+        with self._db.reading() as session:
+            job_ids = repo.jobs_with_tasks_in(session, {TaskState.PLACING, TaskState.PLACED})
+        for job_id in job_ids:
+            with self._db.writing() as session:
+                row = self._lock(session, job_id)
+                now = self._clock()
+                counts = repo.counts_of(row)
+                moved = repo.bulk_transition(
+                    session,
+                    job_id,
+                    {TaskState.PLACING, TaskState.PLACED},
+                    TaskState.READY,
+                    now=now,
+                    reason="requeued",
+                    message="placement was interrupted by a daemon restart",
+                    goal=Goal.RUN,
+                    ended=False,
+                )
+                _shift(counts, moved, TaskState.READY)
+                self._derive(session, row, now, counts)
+            self._after_commit((), 0, job_id)
+        return job_ids
+
     # ------------------------------------------------------------------ task updates
 
     def update_tasks(self, job_id: str, updates: Sequence[TaskUpdate]) -> JobRecord:
@@ -369,7 +536,7 @@ class JobManager:
             repo.insert_events(session, events)
             self._derive(session, row, now, counts)
             job = repo.job_record(row)
-        self.events.publish()
+        self._after_commit((), 0, job_id)
         return job
 
     def _apply(
@@ -399,7 +566,11 @@ class JobManager:
         repo.set_task(session, task, **changes)
         _shift(counts, {current: 1}, u.state)
         if u.state in TASK_TERMINAL and task.goal == Goal.RESTART:
-            events.append(self._new_attempt(session, task, now, "restarted", "restarted by user"))
+            if current == TaskState.PREEMPTING:
+                why = (PREEMPTED, "requeued after preemption")
+            else:
+                why = ("restarted", "restarted by user")
+            events.append(self._new_attempt(session, task, now, *why))
             _shift(counts, {u.state: 1}, TaskState.PENDING, new_attempt=True)
         return events
 
@@ -537,10 +708,12 @@ class JobManager:
         )
         return [attempt_id(job_id, i, a) for i, a in rows]
 
-    def _after_commit(self, to_kill: Sequence[str], grace: int) -> None:
+    def _after_commit(self, to_kill: Sequence[str], grace: int, job_id: str) -> None:
         self.events.publish()
         if to_kill and self._killer is not None:
             self._killer.kill(to_kill, grace)
+        if self._scheduler is not None:
+            self._scheduler.job_changed(job_id)
 
 
 def _shift(

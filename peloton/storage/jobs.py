@@ -37,7 +37,7 @@ from peloton.jobmgr.records import (
     JobRecord,
     TaskRecord,
 )
-from peloton.jobmgr.states import Goal, JobState, TaskState
+from peloton.jobmgr.states import JOB_TERMINAL, Goal, JobState, TaskState
 from peloton.storage.models import JobEventRow, JobLabelRow, JobRow, TaskAttemptRow, TaskRow
 from peloton.v1 import job_pb2
 
@@ -289,6 +289,39 @@ def delete_job(session: Session, job_id: str) -> None:
     session.execute(delete(JobRow).where(JobRow.id == job_id))
 
 
+def unfinished_jobs(session: Session) -> list[JobRecord]:
+    """Every job that has not ended, oldest first."""
+    rows = session.scalars(
+        select(JobRow)
+        .where(JobRow.state.not_in(sorted(s.value for s in JOB_TERMINAL)))
+        .order_by(JobRow.created_at, JobRow.id)
+    )
+    return [job_record(row) for row in rows]
+
+
+def instances_in(
+    session: Session, job_id: str, states: Iterable[TaskState], limit: int
+) -> tuple[int, ...]:
+    """The ``limit`` lowest instance ids of a job's tasks in ``states``."""
+    rows = session.scalars(
+        select(TaskRow.instance_id)
+        .where(TaskRow.job_id == job_id, TaskRow.state.in_(sorted(s.value for s in states)))
+        .order_by(TaskRow.instance_id)
+        .limit(limit)
+    )
+    return tuple(rows)
+
+
+def jobs_with_tasks_in(session: Session, states: Iterable[TaskState]) -> list[str]:
+    rows = session.scalars(
+        select(TaskRow.job_id)
+        .where(TaskRow.state.in_(sorted(s.value for s in states)))
+        .distinct()
+        .order_by(TaskRow.job_id)
+    )
+    return list(rows)
+
+
 def count_jobs_by_state(session: Session) -> dict[str, int]:
     return {
         s: n for s, n in session.execute(select(JobRow.state, func.count()).group_by(JobRow.state))
@@ -533,14 +566,18 @@ def bulk_transition(
     message: str,
     goal: Goal,
     ended: bool,
+    instances: Sequence[int] | None = None,
 ) -> dict[TaskState, int]:
-    """Move every task of a job in ``from_states`` to ``to_state``, with one event per task.
+    """Move every task of a job in ``from_states`` (and, if given, in ``instances``) to
+    ``to_state``, with one event per task.
 
     Returns how many tasks left each state. The caller holds the job lock, so the set of tasks
     cannot change between the statements.
     """
     sources = sorted(s.value for s in from_states)
     where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
+    if instances is not None:
+        where = and_(where, TaskRow.instance_id.in_(list(instances)))
     moved = _moved_by_state(session, where)
     if not moved:
         return moved

@@ -166,3 +166,16 @@ class JobEventRow(Base):
     attempt_id: Mapped[str] = mapped_column(String(64), default="")
 
     __table_args__ = (Index("ix_job_events_job_instance", "job_id", "instance_id", "id"),)
+
+
+class PoolRow(Base):
+    """A resource pool's configuration (the root / is implicit: the cluster)."""
+
+    __tablename__ = "pools"
+
+    path: Mapped[str] = mapped_column(String(512), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128), default="")
+    # Per-kind settings and the queue policy, as JSON (see peloton.storage.pools).
+    config: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

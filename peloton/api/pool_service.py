@@ -1,0 +1,135 @@
+"""PoolService: the public pool API (proto/peloton/v1/pool.proto)."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+
+from peloton.errors import InvalidArgument
+from peloton.resmgr.manager import ResourceManager
+from peloton.resmgr.metrics import PoolStatus
+from peloton.resmgr.pool import ROOT, KindConfig, Policy, PoolConfig, PoolTree, QueuePolicy
+from peloton.v1 import pool_pb2, pool_pb2_grpc
+
+_POLICY = {
+    pool_pb2.RESOURCE_POLICY_UNSPECIFIED: Policy.ELASTIC,
+    pool_pb2.RESOURCE_POLICY_ELASTIC: Policy.ELASTIC,
+    pool_pb2.RESOURCE_POLICY_STATIC: Policy.STATIC,
+}
+_POLICY_PB = {
+    Policy.ELASTIC: pool_pb2.RESOURCE_POLICY_ELASTIC,
+    Policy.STATIC: pool_pb2.RESOURCE_POLICY_STATIC,
+}
+_QUEUE = {
+    pool_pb2.QUEUE_POLICY_UNSPECIFIED: QueuePolicy.PRIORITY_FIFO,
+    pool_pb2.QUEUE_POLICY_PRIORITY_FIFO: QueuePolicy.PRIORITY_FIFO,
+    pool_pb2.QUEUE_POLICY_FIFO: QueuePolicy.FIFO,
+}
+_QUEUE_PB = {
+    QueuePolicy.PRIORITY_FIFO: pool_pb2.QUEUE_POLICY_PRIORITY_FIFO,
+    QueuePolicy.FIFO: pool_pb2.QUEUE_POLICY_FIFO,
+}
+
+
+def config_from_pb(spec: pool_pb2.PoolSpec) -> PoolConfig:
+    """A pool config from its proto; field checks happen in the pool tree."""
+    kinds = {}
+    for kind, rc in spec.resources.items():
+        if rc.policy not in _POLICY:
+            raise InvalidArgument(f"resources.{kind}.policy", f"unknown policy {rc.policy}")
+        kinds[kind] = KindConfig(
+            reservation=rc.reservation,
+            limit=rc.limit if rc.HasField("limit") else math.inf,
+            share=rc.share if rc.HasField("share") else 1.0,
+            policy=_POLICY[rc.policy],
+        )
+    if spec.queue_policy not in _QUEUE:
+        raise InvalidArgument("queue_policy", f"unknown queue policy {spec.queue_policy}")
+    return PoolConfig(
+        path=spec.path, owner=spec.owner, kinds=kinds, queue_policy=_QUEUE[spec.queue_policy]
+    )
+
+
+def spec_pb(config: PoolConfig) -> pool_pb2.PoolSpec:
+    spec = pool_pb2.PoolSpec(
+        path=config.path, owner=config.owner, queue_policy=_QUEUE_PB[config.queue_policy]
+    )
+    for kind, kc in sorted(config.kinds.items()):
+        rc = spec.resources[kind]
+        rc.reservation = kc.reservation
+        if not math.isinf(kc.limit):
+            rc.limit = kc.limit
+        rc.share = kc.share
+        rc.policy = _POLICY_PB[kc.policy]
+    return spec
+
+
+def pool_pb(tree: PoolTree, status: PoolStatus) -> pool_pb2.Pool:
+    path = status.path
+    spec = pool_pb2.PoolSpec(path=ROOT) if path == ROOT else spec_pb(tree.get(path))
+    pool = pool_pb2.Pool(
+        spec=spec, children=sorted(tree.children(path)), queued_gangs=status.queued_gangs
+    )
+    for kind, ks in status.kinds.items():
+        rs = pool.status[kind]
+        rs.reservation = ks.reservation
+        if not math.isinf(ks.limit):
+            rs.limit = ks.limit
+        rs.share = ks.share
+        rs.entitlement = ks.entitlement
+        rs.allocation = ks.allocation
+        rs.demand = ks.demand
+        rs.borrowed = ks.borrowed
+        rs.lent = ks.lent
+    return pool
+
+
+class PoolService(pool_pb2_grpc.PoolServiceServicer):
+    def __init__(self, resmgr: ResourceManager) -> None:
+        self._resmgr = resmgr
+
+    def CreatePool(
+        self, request: pool_pb2.CreatePoolRequest, context: grpc.ServicerContext
+    ) -> pool_pb2.CreatePoolResponse:
+        status = self._resmgr.create_pool(config_from_pb(_spec(request)))
+        return pool_pb2.CreatePoolResponse(pool=pool_pb(self._resmgr.pool_tree(), status))
+
+    def UpdatePool(
+        self, request: pool_pb2.UpdatePoolRequest, context: grpc.ServicerContext
+    ) -> pool_pb2.UpdatePoolResponse:
+        status = self._resmgr.update_pool(config_from_pb(_spec(request)))
+        return pool_pb2.UpdatePoolResponse(pool=pool_pb(self._resmgr.pool_tree(), status))
+
+    def DeletePool(
+        self, request: pool_pb2.DeletePoolRequest, context: grpc.ServicerContext
+    ) -> pool_pb2.DeletePoolResponse:
+        self._resmgr.delete_pool(_path(request.path))
+        return pool_pb2.DeletePoolResponse()
+
+    def GetPool(
+        self, request: pool_pb2.GetPoolRequest, context: grpc.ServicerContext
+    ) -> pool_pb2.GetPoolResponse:
+        status = self._resmgr.status(_path(request.path))
+        return pool_pb2.GetPoolResponse(pool=pool_pb(self._resmgr.pool_tree(), status))
+
+    def ListPools(
+        self, request: pool_pb2.ListPoolsRequest, context: grpc.ServicerContext
+    ) -> pool_pb2.ListPoolsResponse:
+        tree = self._resmgr.pool_tree()
+        statuses = self._resmgr.statuses()
+        return pool_pb2.ListPoolsResponse(
+            pools=[pool_pb(tree, statuses[p]) for p, _ in tree.walk() if p in statuses]
+        )
+
+
+def _spec(request: pool_pb2.CreatePoolRequest | pool_pb2.UpdatePoolRequest) -> pool_pb2.PoolSpec:
+    if not request.HasField("spec"):
+        raise InvalidArgument("spec", "is required")
+    return request.spec
+
+
+def _path(path: str) -> str:
+    if not path:
+        raise InvalidArgument("path", "is required")
+    return path

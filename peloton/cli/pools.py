@@ -1,0 +1,273 @@
+"""``peloton pool ...``: create, update, delete and inspect resource pools."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from peloton.cli import output as out
+from peloton.cli.jobs import connect
+from peloton.cli.main import cli_error
+from peloton.errors import InvalidArgument
+from peloton.jobmgr.spec import check_pool_path, parse_message_dict
+from peloton.resources import KINDS
+from peloton.v1 import pool_pb2
+
+
+def load_pool_spec_yaml(text: str) -> pool_pb2.PoolSpec:
+    """A pool spec from YAML; policies may be written ``static``/``elastic``, ``fifo``/
+    ``priority_fifo``. Unknown keys and wrong types raise InvalidArgument naming the key."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidArgument("spec", "not valid YAML") from exc
+    if not isinstance(data, dict):
+        raise InvalidArgument("spec", "must be a YAML mapping of pool fields")
+    resources = data.get("resources") or {}
+    if not isinstance(resources, dict):
+        raise InvalidArgument(
+            "resources", "must map a kind (cpu, mem_mb, disk_mb, gpu) to settings"
+        )
+    for settings in resources.values():
+        if isinstance(settings, dict) and isinstance(settings.get("policy"), str):
+            settings["policy"] = _enum_name("RESOURCE_POLICY_", settings["policy"])
+    if isinstance(data.get("queue_policy"), str):
+        data["queue_policy"] = _enum_name("QUEUE_POLICY_", data["queue_policy"])
+    return parse_message_dict(data, pool_pb2.PoolSpec())
+
+
+def _enum_name(prefix: str, value: str) -> str:
+    name = value.strip().upper()
+    return name if name.startswith(prefix) else prefix + name
+
+
+def _read(file: Path) -> pool_pb2.PoolSpec:
+    try:
+        text = sys.stdin.read() if str(file) == "-" else file.read_text()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {file}: {exc.strerror}", param_hint="FILE") from None
+    try:
+        return load_pool_spec_yaml(text)
+    except Exception as exc:
+        raise cli_error(exc) from None
+
+
+def _check_path(path: str) -> None:
+    try:
+        check_pool_path(path, "PATH")
+    except InvalidArgument as exc:
+        raise click.BadParameter(exc.reason, param_hint="PATH") from None
+
+
+@click.group()
+def pool() -> None:
+    """Resource pools: a tree of reservations, limits and shares.
+
+    \b
+    A pool file (YAML):
+      path: /research/vision
+      owner: vision-team
+      resources:
+        gpu: {reservation: 8, limit: 32, share: 2}
+        cpu: {reservation: 64, limit: 256, share: 1}
+    """
+
+
+def _file_argument(f: Any) -> Any:
+    return click.argument("file", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True))(
+        f
+    )
+
+
+@pool.command()
+@_file_argument
+@out.output_option
+@click.pass_context
+def create(ctx: click.Context, file: Path, fmt: str) -> None:
+    """Create the pool described in FILE (YAML; - reads standard input)."""
+    spec = _read(file)
+    with connect(ctx) as client:
+        created = client.create_pool(spec)
+    _show_one(created, fmt, f"pool {created.spec.path} created")
+
+
+@pool.command()
+@_file_argument
+@out.output_option
+@click.pass_context
+def update(ctx: click.Context, file: Path, fmt: str) -> None:
+    """Replace a pool's settings with those in FILE (kinds left out: back to defaults)."""
+    spec = _read(file)
+    with connect(ctx) as client:
+        updated = client.update_pool(spec)
+    _show_one(updated, fmt, f"pool {updated.spec.path} updated")
+
+
+@pool.command()
+@click.argument("path")
+@click.pass_context
+def delete(ctx: click.Context, path: str) -> None:
+    """Delete the pool at PATH (it must have no child pools and no unfinished jobs)."""
+    _check_path(path)
+    with connect(ctx) as client:
+        client.delete_pool(path)
+    click.echo(f"pool {path} deleted")
+
+
+@pool.command()
+@click.argument("path")
+@out.output_option
+@click.pass_context
+def get(ctx: click.Context, path: str, fmt: str) -> None:
+    """Show one pool: its settings and, per kind, entitlement, allocation and demand."""
+    _check_path(path)
+    with connect(ctx) as client:
+        found = client.get_pool(path)
+    if fmt != "table":
+        out.emit_data(out.to_dict(found), fmt)
+        return
+    spec = found.spec
+    click.echo(f"Pool:     {spec.path}")
+    if spec.path != "/":
+        click.echo(f"Owner:    {spec.owner or '-'}")
+        policy = pool_pb2.QueuePolicy.Name(spec.queue_policy).removeprefix("QUEUE_POLICY_")
+        click.echo(f"Queue:    {policy} ({found.queued_gangs} gangs waiting)")
+    click.echo(f"Children: {', '.join(found.children) or '-'}")
+    rows = []
+    for kind in KINDS:
+        s = found.status[kind]
+        policy = ""
+        if kind in spec.resources:
+            policy = pool_pb2.ResourcePolicy.Name(spec.resources[kind].policy)
+            policy = policy.removeprefix("RESOURCE_POLICY_")
+        rows.append(
+            (
+                kind,
+                _n(s.reservation),
+                _limit(s),
+                _n(s.share),
+                _n(s.entitlement),
+                _n(s.allocation),
+                _n(s.demand),
+                _n(s.borrowed),
+                _n(s.lent),
+                policy or "ELASTIC",
+            )
+        )
+    columns = (
+        "KIND",
+        "RESERVATION",
+        "LIMIT",
+        "SHARE",
+        "ENTITLEMENT",
+        "ALLOCATION",
+        "DEMAND",
+        "BORROWED",
+        "LENT",
+        "POLICY",
+    )
+    out.console().print(out.table(columns, rows))
+
+
+@pool.command()
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    type=click.Choice(KINDS),
+    help="Only these kinds (repeatable); default: every kind in use or configured.",
+)
+@out.output_option
+@click.pass_context
+def tree(ctx: click.Context, kinds: tuple[str, ...], fmt: str) -> None:
+    """The pool tree with, per kind, reservation / entitlement / allocation / limit.
+
+    ALLOC above RES means the pool borrows (▲), below means it lends what it does not use (▽).
+    """
+    with connect(ctx) as client:
+        pools = client.list_pools()
+    if fmt != "table":
+        out.emit_data([out.to_dict(p) for p in pools], fmt)
+        return
+    shown = list(kinds) or _kinds_in_use(pools)
+    rows = []
+    for p, prefix in zip(pools, _tree_prefixes(pools), strict=True):
+        for i, kind in enumerate(shown):
+            s = p.status[kind]
+            rows.append(
+                (
+                    f"{prefix}{_leaf_name(p.spec.path)}" if i == 0 else "",
+                    kind,
+                    _n(s.reservation),
+                    _n(s.entitlement),
+                    _n(s.allocation),
+                    _limit(s),
+                    str(p.queued_gangs) if i == 0 and not p.children else "",
+                    _sharing(s) if p.spec.path != "/" else "capacity",
+                )
+            )
+    columns = ("POOL", "KIND", "RES", "ENT", "ALLOC", "LIMIT", "QUEUED", "SHARING")
+    out.console().print(out.table(columns, rows))
+
+
+def _show_one(p: pool_pb2.Pool, fmt: str, line: str) -> None:
+    if fmt == "table":
+        click.echo(line)
+    else:
+        out.emit_data(out.to_dict(p), fmt)
+
+
+def _kinds_in_use(pools: list[pool_pb2.Pool]) -> list[str]:
+    used = [
+        k
+        for k in KINDS
+        if any(
+            p.status[k].reservation or p.status[k].allocation or p.status[k].HasField("limit")
+            for p in pools
+            if p.spec.path != "/"
+        )
+    ]
+    return used or ["gpu", "cpu"]
+
+
+def _tree_prefixes(pools: list[pool_pb2.Pool]) -> list[str]:
+    """Box-drawing prefixes for pools listed parents first, depth first, children sorted."""
+    last_child = {p.children[-1] for p in pools if p.children}
+    prefixes = []
+    for p in pools:
+        path = p.spec.path
+        if path == "/":
+            prefixes.append("")
+            continue
+        parts = path.strip("/").split("/")
+        ancestors = ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]
+        stem = "".join("   " if a in last_child else "│  " for a in ancestors)
+        prefixes.append(stem + ("└─ " if path in last_child else "├─ "))
+    return prefixes
+
+
+def _leaf_name(path: str) -> str:
+    return "/" if path == "/" else path.rsplit("/", 1)[-1]
+
+
+def _sharing(s: pool_pb2.ResourceStatus) -> str:
+    if s.borrowed > 0:
+        return f"▲ borrows {_n(s.borrowed)}"
+    if s.lent > 0 and s.allocation < s.reservation:
+        return f"▽ lends {_n(s.lent)}"
+    return ""
+
+
+def _limit(s: pool_pb2.ResourceStatus) -> str:
+    return _n(s.limit) if s.HasField("limit") else "∞"
+
+
+def _n(value: float) -> str:
+    if math.isinf(value):
+        return "∞"
+    return f"{value:.4g}" if value != int(value) else f"{int(value)}"

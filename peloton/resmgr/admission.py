@@ -1,0 +1,226 @@
+"""Admission: which queued gangs of a leaf pool may start now, and why the others wait.
+
+Rules, applied to a pool's queue in order (priority then age, or age only for FIFO pools):
+
+- A gang is admitted **whole** iff, for every kind, the pool's allocation plus the gang fits its
+  entitlement and the cluster's free capacity. A non-preemptible gang must also fit within the
+  pool's *reservation* (with the pool's other non-preemptible work): it never runs on borrowed
+  capacity, so it never has to be taken back.
+- **No starvation of big gangs (reserve-ahead).** Once a gang cannot be admitted, the capacity it
+  needs is held for it: a gang behind it may pass only if it takes nothing the blocked gangs ahead
+  of it still need — in every kind it uses, what is left after it must still cover every blocked
+  gang ahead. So a stream of small gangs can never take the GPUs a big gang at the head is waiting
+  for, yet small CPU-only gangs still pass a GPU gang that waits only for GPUs. A gang larger than
+  its pool's current entitlement holds nothing: it waits for the entitlement to grow (other pools'
+  demand falling), and the pool's smaller gangs run meanwhile instead of idling.
+- A gang that can never fit — larger than its pool's limit, than the cluster once its capacity is
+  known, or (non-preemptible) than its pool's reservation — is infeasible and fails at once.
+
+Every gang that waits gets a reason naming the binding constraint, e.g. ``pool /research/vision:
+gpu entitlement 8, allocated 6, gang needs 4``. Pure: no I/O, no clock (ages are given).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from peloton.resmgr.pool import QueuePolicy, format_amount
+from peloton.resources import EPSILON, KINDS, ZERO, Resources
+
+# Job reasons (short codes stored with the job; the message says the rest).
+PENDING_NO_HOSTS = "no_hosts"
+PENDING_ENTITLEMENT = "pool_entitlement"
+PENDING_RESERVATION = "pool_reservation"
+PENDING_CLUSTER = "cluster_capacity"
+PENDING_BEHIND = "queued_behind"
+INFEASIBLE = "gang_infeasible"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A gang in a pool's queue."""
+
+    key: str  # the job id
+    priority: int
+    preemptible: bool
+    submitted_at: float  # seconds since the epoch; ties broken by seq
+    seq: int
+    size: int
+    total: Resources
+
+
+@dataclass(frozen=True)
+class Room:
+    """What one leaf pool has to admit into."""
+
+    pool: str
+    entitlement: Resources
+    allocation: Resources
+    reservation: Resources
+    # Allocation of the pool's non-preemptible gangs (must stay within the reservation).
+    np_allocation: Resources
+    # The pool's effective limit (its own, capped by its ancestors').
+    limit: Resources
+
+
+@dataclass
+class Decision:
+    """The outcome of one admission pass over a pool's queue."""
+
+    admitted: list[Waiting] = field(default_factory=list)
+    # key -> (reason code, message)
+    pending: dict[str, tuple[str, str]] = field(default_factory=dict)
+    infeasible: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Gangs that wait although their pool is entitled to them: the cluster is short because other
+    # pools borrow. Preemption takes capacity back for them.
+    starved: list[Waiting] = field(default_factory=list)
+    # Gangs that wait for their own pool's entitlement (higher-priority ones may preempt).
+    over_entitlement: list[Waiting] = field(default_factory=list)
+    # The cluster's free capacity after this pool's admissions.
+    cluster_free: Resources = ZERO
+
+
+def order(queue: Sequence[Waiting], policy: QueuePolicy) -> list[Waiting]:
+    """The queue in admission order."""
+    if policy is QueuePolicy.FIFO:
+        return sorted(queue, key=lambda w: (w.submitted_at, w.seq))
+    return sorted(queue, key=lambda w: (-w.priority, w.submitted_at, w.seq))
+
+
+def infeasibility(gang: Waiting, room: Room, capacity: Resources | None) -> str | None:
+    """Why ``gang`` can never be admitted in its pool, or None if it could be some day."""
+    over = gang.total.shortfall(room.limit)
+    if over:
+        return f"pool {room.pool}: {_needs(over, 'limit')}; the gang can never fit"
+    if capacity is not None:
+        over = gang.total.shortfall(capacity)
+        if over:
+            return f"cluster: {_needs(over, 'capacity')}; the gang can never fit"
+    if not gang.preemptible:
+        over = gang.total.shortfall(room.reservation)
+        if over:
+            return (
+                f"pool {room.pool}: non-preemptible gangs run only within the reservation: "
+                f"{_needs(over, 'reservation')}; make the job preemptible or raise the reservation"
+            )
+    return None
+
+
+def admit(
+    queue: Sequence[Waiting],
+    room: Room,
+    cluster_free: Resources,
+    capacity: Resources | None,
+) -> Decision:
+    """Admit what fits from ``queue`` (already in admission order) into ``room``.
+
+    ``capacity`` is the cluster's total, or None while no host has reported any.
+    """
+    decision = Decision(cluster_free=cluster_free)
+    if capacity is None:
+        for gang in queue:
+            decision.pending[gang.key] = (PENDING_NO_HOSTS, "no hosts known yet")
+        return decision
+    allocation, np_allocation = room.allocation, room.np_allocation
+    free = cluster_free
+    held = ZERO  # what the blocked gangs ahead still need
+    blocker: Waiting | None = None
+    for gang in queue:
+        why_never = infeasibility(gang, room, capacity)
+        if why_never is not None:
+            decision.infeasible[gang.key] = (INFEASIBLE, why_never)
+            continue
+        pool_room = room.entitlement - allocation
+        available = _min(pool_room, free)
+        if not gang.preemptible:
+            available = _min(available, room.reservation - np_allocation)
+        if blocker is not None and not _passes(gang.total, available, held):
+            decision.pending[gang.key] = (
+                PENDING_BEHIND,
+                f"pool {room.pool}: waiting behind job {blocker.key} "
+                f"(priority {blocker.priority}, needs {describe(blocker.total)}), "
+                f"which is first in line for what it needs",
+            )
+            continue
+        if gang.total.fits_in(available):
+            decision.admitted.append(gang)
+            allocation = allocation + gang.total
+            free = free - gang.total
+            if not gang.preemptible:
+                np_allocation = np_allocation + gang.total
+            continue
+        why = _why_waiting(gang, room, allocation, np_allocation, free)
+        decision.pending[gang.key] = why
+        if why[0] == PENDING_ENTITLEMENT:
+            decision.over_entitlement.append(gang)
+        within_reservation = gang.preemptible or gang.total.fits_in(
+            room.reservation - np_allocation
+        )
+        if within_reservation and gang.total.fits_in(pool_room):
+            decision.starved.append(gang)
+        if gang.total.fits_in(room.entitlement):
+            # It will fit once capacity frees up: hold that capacity for it.
+            held = held + gang.total
+            blocker = blocker or gang
+    decision.cluster_free = free
+    return decision
+
+
+def _passes(need: Resources, available: Resources, held: Resources) -> bool:
+    """Whether a gang behind blocked ones may take ``need`` without delaying them: in every kind
+    it uses, what is left after it still covers what they hold."""
+    return all(
+        need.get(k) <= EPSILON or need.get(k) <= available.get(k) - held.get(k) + EPSILON
+        for k in KINDS
+    )
+
+
+def _why_waiting(
+    gang: Waiting, room: Room, allocation: Resources, np_allocation: Resources, free: Resources
+) -> tuple[str, str]:
+    needs = gang.total
+    if not gang.preemptible:
+        k = _first_short(needs, room.reservation - np_allocation)
+        if k is not None:
+            return PENDING_RESERVATION, (
+                f"pool {room.pool}: {k} reservation {format_amount(room.reservation.get(k))}, "
+                f"non-preemptible allocated {format_amount(np_allocation.get(k))}, "
+                f"gang needs {format_amount(needs.get(k))}"
+            )
+    k = _first_short(needs, room.entitlement - allocation)
+    if k is not None:
+        return PENDING_ENTITLEMENT, (
+            f"pool {room.pool}: {k} entitlement {format_amount(room.entitlement.get(k))}, "
+            f"allocated {format_amount(allocation.get(k))}, "
+            f"gang needs {format_amount(needs.get(k))}"
+        )
+    k = _first_short(needs, free) or KINDS[0]
+    return PENDING_CLUSTER, (
+        f"cluster: {k} free {format_amount(max(0.0, free.get(k)))}, gang needs "
+        f"{format_amount(needs.get(k))}; capacity lent to other pools is being taken back"
+    )
+
+
+def _first_short(need: Resources, available: Resources) -> str | None:
+    short = need.shortfall(available)
+    # GPUs are the scarce kind people care about; name them first.
+    for kind, _, _ in sorted(short, key=lambda s: s[0] != "gpu"):
+        return kind
+    return None
+
+
+def _needs(short: list[tuple[str, float, float]], what: str) -> str:
+    kind, needed, available = sorted(short, key=lambda s: s[0] != "gpu")[0]
+    return f"gang needs {format_amount(needed)} {kind}, {what} is {format_amount(available)}"
+
+
+def _min(a: Resources, b: Resources) -> Resources:
+    return Resources(*(min(a.get(k), b.get(k)) for k in KINDS))
+
+
+def describe(amount: Resources) -> str:
+    """A resource amount for people: ``gpu 4, cpu 16, mem_mb 65536`` (zero kinds left out)."""
+    parts = [f"{k} {format_amount(v)}" for k, v in amount.items() if v > EPSILON]
+    parts.sort(key=lambda p: not p.startswith("gpu"))
+    return ", ".join(parts) or "nothing"

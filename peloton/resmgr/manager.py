@@ -1,0 +1,581 @@
+"""The resource manager: pools, their entitlements, gang admission and preemption.
+
+State lives in memory and is rebuilt from the database at start (pools from the ``pools``
+table, queues and allocations from the unfinished jobs' task counts), so it never drifts from the
+truth: a job's allocation is its per-task resources times its tasks that hold resources (READY
+through KILLING), its demand adds its PENDING tasks.
+
+The job manager tells us which jobs changed (:meth:`job_changed`, cheap); a *cycle* re-reads them,
+recomputes entitlements, admits what fits (PENDING -> READY, whole gangs), fails what never can,
+says why the rest waits, and preempts where the rules allow. Cycles run when something changed and
+every ``cycle_seconds`` otherwise, on one background thread; tests call :meth:`run_cycle`.
+Placement takes admitted gangs through :meth:`take_admitted` (the
+:class:`~peloton.gang.AdmittedGangs` protocol).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from peloton.errors import InvalidArgument, NotFound
+from peloton.gang import Gang
+from peloton.jobmgr.manager import JobManager
+from peloton.jobmgr.records import JobRecord
+from peloton.jobmgr.states import Goal, TaskState
+from peloton.resmgr import admission, preemption
+from peloton.resmgr.admission import Decision, Room, Waiting, describe
+from peloton.resmgr.entitlement import Calculator, Entitlements
+from peloton.resmgr.metrics import KindStatus, PoolStatus, ResmgrMetrics
+from peloton.resmgr.pool import DEFAULT_POOL, ROOT, Policy, PoolConfig, PoolTree
+from peloton.resources import KINDS, ZERO, Resources
+from peloton.storage import pools as repo
+from peloton.storage.db import Database
+
+log = logging.getLogger(__name__)
+
+# Task states that hold a share of the pool: admitted and not yet ended.
+HOLDING = frozenset(
+    {
+        TaskState.READY,
+        TaskState.PLACING,
+        TaskState.PLACED,
+        TaskState.LAUNCHING,
+        TaskState.LAUNCHED,
+        TaskState.STARTING,
+        TaskState.RUNNING,
+        TaskState.PREEMPTING,
+        TaskState.KILLING,
+    }
+)
+# Holding, but already on the way out: freed soon, and not worth preempting.
+ENDING = frozenset({TaskState.PREEMPTING, TaskState.KILLING})
+
+
+@dataclass
+class JobView:
+    """What the resource manager knows of one unfinished job."""
+
+    job: JobRecord
+    per_task: Resources
+    pending: int
+    holding: int
+    ending: int
+    # When its current PENDING tasks started waiting, and when it was last admitted (seconds).
+    pending_since: float
+    admitted_at: float
+    seq: int
+
+    @property
+    def pool(self) -> str:
+        return self.job.spec.pool
+
+    @property
+    def preemptible(self) -> bool:
+        return self.job.spec.preemption.preemptible
+
+    def gang_sizes(self) -> list[int]:
+        """How its PENDING tasks queue: the first ``gang.min_instances`` (less those already
+        holding) as one gang, the rest one task each. Default: all of them as one gang."""
+        if self.pending <= 0:
+            return []
+        first = min(self.pending, max(1, self.job.spec.gang.min_instances - self.holding))
+        return [first] + [1] * (self.pending - first)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What each leaf pool's jobs hold, summed in one pass over the jobs."""
+
+    allocation: Mapping[str, Resources]
+    np_allocation: Mapping[str, Resources]  # of non-preemptible jobs
+    ending: Mapping[str, Resources]  # held by tasks being killed or preempted
+
+    @classmethod
+    def of(cls, views: Iterable[JobView]) -> Usage:
+        alloc: dict[str, Resources] = {}
+        np_alloc: dict[str, Resources] = {}
+        ending: dict[str, Resources] = {}
+        for v in views:
+            held = v.per_task.scale(v.holding)
+            alloc[v.pool] = alloc.get(v.pool, ZERO) + held
+            if not v.preemptible:
+                np_alloc[v.pool] = np_alloc.get(v.pool, ZERO) + held
+            if v.ending:
+                ending[v.pool] = ending.get(v.pool, ZERO) + v.per_task.scale(v.ending)
+        return cls(alloc, np_alloc, ending)
+
+    def total(self) -> Resources:
+        return sum(self.allocation.values(), ZERO)
+
+    def total_ending(self) -> Resources:
+        return sum(self.ending.values(), ZERO)
+
+
+class ResourceManager:
+    """Pools, entitlements, admission and preemption for one daemon."""
+
+    def __init__(
+        self,
+        db: Database,
+        jobs: JobManager,
+        *,
+        metrics: ResmgrMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        cycle_seconds: float = 1.0,
+    ) -> None:
+        self._db = db
+        self._jobs = jobs
+        self._clock = clock
+        self._cycle_seconds = cycle_seconds
+        self.metrics = metrics or ResmgrMetrics()
+        self._lock = threading.RLock()  # the scheduling state below
+        self._tree = PoolTree()
+        self._calculator = Calculator(self._tree)
+        self._capacity: Resources | None = None
+        self._views: dict[str, JobView] = {}
+        self._seq = 0
+        self._reasons: dict[str, tuple[str, str]] = {}  # last pending reason written, per job
+        self._starved: set[str] = set()  # jobs starved for capacity in the previous cycle
+        self._entitlements = Entitlements({}, {})
+        self._statuses: dict[str, PoolStatus] = {}
+        # Changed jobs, told by the job manager; and gangs admitted but not yet placed.
+        self._wake = threading.Condition()
+        self._dirty: set[str] = set()
+        self._admitted: deque[Gang] = deque()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.metrics.watch(self.statuses)
+
+    # ---------------------------------------------------------------- life cycle
+
+    def load(self) -> None:
+        """Rebuild pools, queues and allocations from the database (at daemon start)."""
+        with self._db.reading() as session:
+            pools = repo.all_pools(session)
+        if not pools:
+            # A fresh install: one leaf pool with no reservation, so jobs can run at once.
+            self._write_created(PoolConfig(DEFAULT_POOL, owner="peloton"))
+            pools = [PoolConfig(DEFAULT_POOL, owner="peloton")]
+        with self._lock:
+            self._set_tree(PoolTree(pools))
+        self._jobs.requeue_placements()
+        for job in self._jobs.unfinished_jobs():
+            self._refresh(job)
+            ready = self._jobs.instances(job.id, {TaskState.READY})
+            if ready:
+                at = job.updated_at
+                self._admitted.append(Gang.of_job(job.id, job.spec, ready, at))
+        log.info(
+            "resource manager loaded",
+            extra={"pools": len(pools), "jobs": len(self._views), "admitted": len(self._admitted)},
+        )
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="resmgr", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                if not self._dirty and not self._stopping:
+                    self._wake.wait(self._cycle_seconds)
+                if self._stopping:
+                    return
+            try:
+                self.run_cycle()
+            except Exception:  # keep scheduling; the next cycle re-reads everything it needs
+                log.exception("resource manager cycle failed")
+                time.sleep(self._cycle_seconds)
+
+    # ---------------------------------------------------------------- inputs
+
+    def set_capacity(self, total: Resources) -> None:
+        """The cluster's total resources (from the host manager), whenever they change."""
+        with self._lock:
+            self._capacity = total
+        self._poke()
+
+    def job_changed(self, job_id: str) -> None:
+        with self._wake:
+            self._dirty.add(job_id)
+            self._wake.notify_all()
+
+    def check_pool(self, pool: str) -> None:
+        with self._lock:
+            if pool not in self._tree:
+                raise InvalidArgument(
+                    "pool", f"pool {pool} does not exist (see `peloton pool tree`)"
+                )
+            if not self._tree.is_leaf(pool):
+                raise InvalidArgument(
+                    "pool", f"pool {pool} has child pools; jobs run only in leaf pools"
+                )
+
+    def _poke(self) -> None:
+        with self._wake:
+            self._wake.notify_all()
+
+    # ---------------------------------------------------------------- pools
+
+    def pool_tree(self) -> PoolTree:
+        with self._lock:
+            return self._tree
+
+    def create_pool(self, config: PoolConfig) -> PoolStatus:
+        with self._lock:
+            tree = self._tree.with_created(config, self._unfinished_by_pool())
+            self._write_created(config)
+            self._set_tree(tree)
+            self.run_cycle()
+            log.info("pool created", extra={"pool": config.path})
+            return self._statuses[config.path]
+
+    def update_pool(self, config: PoolConfig) -> PoolStatus:
+        with self._lock:
+            tree = self._tree.with_updated(config)
+            with self._db.writing() as session:
+                repo.update_pool(session, config, _now())
+            self._set_tree(tree)
+            self.run_cycle()
+            log.info("pool updated", extra={"pool": config.path})
+            return self._statuses[config.path]
+
+    def delete_pool(self, path: str) -> None:
+        with self._lock:
+            tree = self._tree.without(path, self._unfinished_by_pool())
+            with self._db.writing() as session:
+                repo.delete_pool(session, path)
+            self._set_tree(tree)
+            self.run_cycle()
+            log.info("pool deleted", extra={"pool": path})
+
+    def status(self, path: str) -> PoolStatus:
+        with self._lock:
+            if path not in self._tree:
+                raise NotFound(f"pool {path} not found")
+            return self._statuses[path]
+
+    def statuses(self) -> Mapping[str, PoolStatus]:
+        with self._lock:
+            return dict(self._statuses)
+
+    def _unfinished_by_pool(self) -> dict[str, int]:
+        with self._db.reading() as session:
+            return repo.unfinished_jobs_by_pool(session)
+
+    def _write_created(self, config: PoolConfig) -> None:
+        with self._db.writing() as session:
+            repo.insert_pool(session, config, _now())
+
+    def _set_tree(self, tree: PoolTree) -> None:
+        self._tree = tree
+        self._calculator = Calculator(tree)
+
+    # ---------------------------------------------------------------- placement's side
+
+    def take_admitted(self, limit: int) -> Sequence[Gang]:
+        """Up to ``limit`` admitted gangs not yet placed, highest priority first."""
+        with self._lock:
+            live = [g for g in self._admitted if self._still_admitted(g)]
+            live.sort(key=lambda g: (-g.priority, g.submitted_at))
+            taken, rest = live[:limit], live[limit:]
+            self._admitted = deque(rest)
+            return taken
+
+    def return_admitted(self, gang: Gang, reason: str) -> None:
+        """Placement could not place ``gang`` now; it stays admitted and is offered again."""
+        with self._lock:
+            if self._still_admitted(gang):
+                self._admitted.append(gang)
+        self._jobs.set_pending_reason(gang.job_id, "placement", reason)
+
+    def _still_admitted(self, gang: Gang) -> bool:
+        view = self._views.get(gang.job_id)
+        return view is not None and view.job.goal != Goal.KILL and view.holding > 0
+
+    # ---------------------------------------------------------------- the cycle
+
+    def run_cycle(self) -> None:
+        """Re-read changed jobs, recompute entitlements, admit, fail, explain and preempt."""
+        with self._lock:
+            self._refresh_dirty()
+            ents = self._compute()
+            usage = Usage.of(self._views.values())
+            free = (self._capacity or ZERO) - usage.total()
+            decisions: dict[str, Decision] = {}
+            for pool in self._pools_most_starved_first(ents, usage):
+                decision = self._admit_pool(pool, ents, usage, free)
+                decisions[pool] = decision
+                free = decision.cluster_free
+            usage = Usage.of(self._views.values())
+            starved_now: set[str] = set()
+            for pool, decision in decisions.items():
+                starved_now.update(self._preempt_for(pool, decision, ents, usage, free))
+            self._starved = starved_now
+            self._entitlements = self._compute()
+            self._statuses = self._build_statuses(self._entitlements)
+
+    def _refresh_dirty(self) -> None:
+        with self._wake:
+            dirty, self._dirty = self._dirty, set()
+        for job_id in dirty:
+            try:
+                job = self._jobs.get_job(job_id)
+            except NotFound:
+                self._forget(job_id)
+                continue
+            self._refresh(job)
+
+    def _refresh(self, job: JobRecord) -> None:
+        if job.terminal:
+            self._forget(job.id)
+            return
+        counts = job.task_counts
+        pending = counts.get(TaskState.PENDING, 0)
+        holding = sum(n for s, n in counts.items() if s in HOLDING)
+        ending = sum(n for s, n in counts.items() if s in ENDING)
+        now = self._clock()
+        view = self._views.get(job.id)
+        if view is None:
+            self._seq += 1
+            since = job.updated_at.timestamp()
+            view = JobView(
+                job=job,
+                per_task=Resources.from_proto(job.spec.task.resources),
+                pending=pending,
+                holding=holding,
+                ending=ending,
+                pending_since=min(since, now),
+                admitted_at=since,
+                seq=self._seq,
+            )
+            self._views[job.id] = view
+            return
+        if pending and not view.pending:
+            view.pending_since = now  # a new wait begins (restart or preemption)
+        view.job, view.pending, view.holding, view.ending = job, pending, holding, ending
+
+    def _forget(self, job_id: str) -> None:
+        self._views.pop(job_id, None)
+        self._reasons.pop(job_id, None)
+
+    def _compute(self) -> Entitlements:
+        demand: dict[str, Resources] = {}
+        for view in self._views.values():
+            amount = view.per_task.scale(view.pending + view.holding)
+            demand[view.pool] = demand.get(view.pool, ZERO) + amount
+        return self._calculator.compute(self._capacity or ZERO, demand)
+
+    def _pools_most_starved_first(self, ents: Entitlements, usage: Usage) -> list[str]:
+        """Pools with waiting gangs, the one using least of its entitlement first."""
+
+        def starvation(pool: str) -> float:
+            alloc, ent = usage.allocation.get(pool, ZERO), ents.entitlement.get(pool, ZERO)
+            return max((alloc.get(k) / ent.get(k) if ent.get(k) > 0 else 0.0) for k in KINDS)
+
+        pools = {v.pool for v in self._views.values() if v.pending}
+        return sorted(pools, key=lambda p: (starvation(p), p))
+
+    def _waiting(self, pool: str) -> list[Waiting]:
+        out = []
+        for view in self._views.values():
+            if view.pool != pool or view.job.goal == Goal.KILL:
+                continue
+            for i, size in enumerate(view.gang_sizes()):
+                out.append(
+                    Waiting(
+                        key=view.job.id,
+                        priority=view.job.spec.priority,
+                        preemptible=view.preemptible,
+                        submitted_at=view.pending_since,
+                        seq=view.seq * 1_000_000 + i,
+                        size=size,
+                        total=view.per_task.scale(size),
+                    )
+                )
+        return out
+
+    def _room(self, pool: str, ents: Entitlements, usage: Usage) -> Room:
+        config = self._tree.get(pool)
+        return Room(
+            pool=pool,
+            entitlement=ents.entitlement.get(pool, ZERO),
+            allocation=usage.allocation.get(pool, ZERO),
+            reservation=Resources.of({k: config.kind(k).reservation for k in KINDS}),
+            np_allocation=usage.np_allocation.get(pool, ZERO),
+            limit=Resources.of({k: self._tree.limit(pool, k) for k in KINDS}),
+        )
+
+    def _admit_pool(self, pool: str, ents: Entitlements, usage: Usage, free: Resources) -> Decision:
+        queue = self._waiting(pool)
+        if not self._tree.is_leaf(pool):
+            why = (
+                f"pool {pool} no longer exists"
+                if pool not in self._tree
+                else (f"pool {pool} is not a leaf pool")
+            )
+            for w in queue:
+                self._fail(w.key, why)
+            return Decision(cluster_free=free)
+        config = self._tree.get(pool)
+        decision = admission.admit(
+            admission.order(queue, config.queue_policy),
+            self._room(pool, ents, usage),
+            free,
+            self._capacity,
+        )
+        for gang in decision.admitted:
+            self._admit(gang, pool)
+        for key, (_, message) in decision.infeasible.items():
+            self._fail(key, message)
+        for key, reason in decision.pending.items():
+            if self._reasons.get(key) != reason and key not in decision.infeasible:
+                self._reasons[key] = reason
+                self._jobs.set_pending_reason(key, *reason)
+        return decision
+
+    def _admit(self, gang: Waiting, pool: str) -> None:
+        view = self._views.get(gang.key)
+        if view is None:
+            return
+        message = f"admitted in pool {pool}: {describe(gang.total)}"
+        ids = self._jobs.admit_pending(gang.key, gang.size, message)
+        if not ids:
+            return
+        now = self._clock()
+        self.metrics.admission_seconds.labels(pool).observe(max(0.0, now - view.pending_since))
+        view.pending -= len(ids)
+        view.holding += len(ids)
+        view.admitted_at = now
+        self._reasons.pop(gang.key, None)
+        at = datetime.fromtimestamp(view.pending_since, UTC)
+        self._admitted.append(Gang.of_job(gang.key, view.job.spec, ids, at))
+        log.info(
+            "gang admitted",
+            extra={"job_id": gang.key, "pool": pool, "tasks": len(ids), "needs": message},
+        )
+
+    def _fail(self, job_id: str, message: str) -> None:
+        self._jobs.fail_pending(job_id, admission.INFEASIBLE, message)
+        self._reasons.pop(job_id, None)
+
+    # ---------------------------------------------------------------- preemption
+
+    def _running(self) -> list[preemption.Running]:
+        return [
+            preemption.Running(
+                key=v.job.id,
+                pool=v.pool,
+                priority=v.job.spec.priority,
+                preemptible=v.preemptible,
+                admitted_at=v.admitted_at,
+                total=v.per_task.scale(v.holding - v.ending),
+            )
+            for v in self._views.values()
+            if v.holding > v.ending and v.job.goal != Goal.KILL
+        ]
+
+    def _preempt_for(
+        self, pool: str, decision: Decision, ents: Entitlements, usage: Usage, free: Resources
+    ) -> set[str]:
+        """Preempt for the first gang of ``pool`` that may; returns the gangs waiting now, for
+        the next cycle's hysteresis (a gang must have waited a whole cycle to preempt)."""
+        waiting = decision.starved + decision.over_entitlement
+        held = {
+            p: usage.allocation.get(p, ZERO) - usage.ending.get(p, ZERO) for p in self._tree.paths()
+        }
+        for gang in decision.starved:
+            if gang.key not in self._starved:
+                continue
+            short = preemption.shortage(gang.total, free + usage.total_ending())
+            if short.is_zero():
+                break  # what is being freed already covers it
+            victims = preemption.reclaim(gang, pool, short, self._running(), held, ents.entitlement)
+            if victims:
+                self._preempt(victims, "reclaim")
+                return {g.key for g in waiting}
+        for gang in decision.over_entitlement[:1]:
+            if gang.key not in self._starved:
+                continue
+            room = ents.entitlement.get(pool, ZERO) - held.get(pool, ZERO)
+            short = preemption.shortage(gang.total, room)
+            if not short.is_zero():
+                victims = preemption.by_priority(gang, pool, short, self._running())
+                if victims:
+                    self._preempt(victims, "priority")
+        return {g.key for g in waiting}
+
+    def _preempt(self, victims: Sequence[preemption.Victim], cause: str) -> None:
+        for victim in victims:
+            job_id = victim.gang.key
+            self._jobs.preempt(job_id, victim.message)
+            self.metrics.preemptions.labels(victim.gang.pool, cause).inc()
+            self._admitted = deque(g for g in self._admitted if g.job_id != job_id)
+            log.info(
+                "gang preempted",
+                extra={"job_id": job_id, "pool": victim.gang.pool, "reason": victim.message},
+            )
+        self._refresh_dirty()
+
+    # ---------------------------------------------------------------- status
+
+    def _build_statuses(self, ents: Entitlements) -> dict[str, PoolStatus]:
+        alloc_leaf: dict[str, Resources] = {}
+        queued: dict[str, int] = {}
+        for view in self._views.values():
+            alloc_leaf[view.pool] = alloc_leaf.get(view.pool, ZERO) + view.per_task.scale(
+                view.holding
+            )
+            queued[view.pool] = queued.get(view.pool, 0) + len(view.gang_sizes())
+        out: dict[str, PoolStatus] = {}
+        for path in reversed([p for p, _ in self._tree.walk(ROOT)]):
+            kids = self._tree.children(path)
+            alloc = alloc_leaf.get(path, ZERO)
+            for child in kids:
+                alloc = alloc + _alloc_of(out[child])
+            out[path] = self._status(path, alloc, queued.get(path, 0), ents)
+        return out
+
+    def _status(self, path: str, alloc: Resources, queued: int, ents: Entitlements) -> PoolStatus:
+        kinds = {}
+        for k in KINDS:
+            if path == ROOT:
+                cap = (self._capacity or ZERO).get(k)
+                res, limit, share, static = cap, cap, 1.0, False
+            else:
+                kc = self._tree.get(path).kind(k)
+                res, share, static = kc.reservation, kc.share, kc.policy is Policy.STATIC
+                limit = self._tree.limit(path, k)
+            a = alloc.get(k)
+            kinds[k] = KindStatus(
+                reservation=res,
+                limit=limit,
+                share=share,
+                entitlement=ents.entitlement.get(path, ZERO).get(k),
+                allocation=a,
+                demand=ents.demand.get(path, ZERO).get(k),
+                borrowed=0.0 if path == ROOT else max(0.0, a - res),
+                lent=0.0 if path == ROOT or static else max(0.0, res - a),
+            )
+        return PoolStatus(path=path, kinds=kinds, queued_gangs=queued)
+
+
+def _alloc_of(status: PoolStatus) -> Resources:
+    return Resources.of({k: s.allocation for k, s in status.kinds.items()})
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
