@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from sqlalchemy import (
     BigInteger,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -178,4 +179,34 @@ class PoolRow(Base):
     # Per-kind settings and the queue policy, as JSON (see peloton.storage.pools).
     config: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class HostRow(Base):
+    """A Mesos agent peloton has seen: its estimated total, attributes and drain state."""
+
+    __tablename__ = "hosts"
+
+    hostname: Mapped[str] = mapped_column(String(255), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(String(255))
+    # UP, DRAINING or DOWN (peloton.hostmgr.hosts.HostState).
+    state: Mapped[str] = mapped_column(String(16))
+    cpu: Mapped[float] = mapped_column(Float)
+    mem_mb: Mapped[float] = mapped_column(Float)
+    disk_mb: Mapped[float] = mapped_column(Float)
+    gpu: Mapped[float] = mapped_column(Float)
+    # Attributes (rack, gpu_model…) as a JSON object of strings.
+    attributes: Mapped[str] = mapped_column(Text)
+    # The agent's HTTP address host:port (sandbox files are read there).
+    address: Mapped[str] = mapped_column(String(255))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class FrameworkRow(Base):
+    """The Mesos framework id peloton subscribed with, reused on every resubscription."""
+
+    __tablename__ = "frameworks"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    framework_id: Mapped[str] = mapped_column(String(255))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -1,0 +1,85 @@
+"""Host repository: the ``hosts`` and ``frameworks`` tables (a HostStore for the host manager)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+
+from peloton.hostmgr.hosts import HostRecord, HostState
+from peloton.jobmgr.records import attempt_id
+from peloton.jobmgr.states import TaskState
+from peloton.resources import Resources
+from peloton.storage.db import Database
+from peloton.storage.models import FrameworkRow, HostRow, TaskRow
+
+
+def host_record(row: HostRow) -> HostRecord:
+    return HostRecord(
+        hostname=row.hostname,
+        agent_id=row.agent_id,
+        state=HostState(row.state),
+        total=Resources(row.cpu, row.mem_mb, row.disk_mb, row.gpu),
+        attributes=json.loads(row.attributes),
+        address=row.address,
+        updated_at=row.updated_at,
+    )
+
+
+class SqlHostStore:
+    """HostStore on the peloton database (SQLite or PostgreSQL)."""
+
+    def __init__(self, db: Database, clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+        self._db = db
+        self._clock = clock
+
+    def load_hosts(self) -> list[HostRecord]:
+        with self._db.reading() as session:
+            rows = session.scalars(select(HostRow).order_by(HostRow.hostname))
+            return [host_record(r) for r in rows]
+
+    def save_host(self, host: HostRecord) -> None:
+        values = {
+            "agent_id": host.agent_id,
+            "state": host.state.value,
+            "cpu": host.total.cpu,
+            "mem_mb": host.total.mem_mb,
+            "disk_mb": host.total.disk_mb,
+            "gpu": host.total.gpu,
+            "attributes": json.dumps(dict(host.attributes), sort_keys=True),
+            "address": host.address,
+            "updated_at": host.updated_at,
+        }
+        with self._db.writing() as session:
+            row = session.get(HostRow, host.hostname)
+            if row is None:
+                session.add(HostRow(hostname=host.hostname, **values))
+            else:
+                for key, value in values.items():
+                    setattr(row, key, value)
+
+    def load_framework_id(self, name: str) -> str:
+        with self._db.reading() as session:
+            row = session.get(FrameworkRow, name)
+            return row.framework_id if row is not None else ""
+
+    def save_framework_id(self, name: str, framework_id: str) -> None:
+        with self._db.writing() as session:
+            row = session.get(FrameworkRow, name)
+            if row is None:
+                session.add(
+                    FrameworkRow(name=name, framework_id=framework_id, updated_at=self._clock())
+                )
+            else:
+                row.framework_id, row.updated_at = framework_id, self._clock()
+
+    def active_attempts(self, states: Iterable[TaskState]) -> list[str]:
+        with self._db.reading() as session:
+            rows = session.execute(
+                select(TaskRow.job_id, TaskRow.instance_id, TaskRow.attempt).where(
+                    TaskRow.state.in_([s.value for s in states])
+                )
+            )
+            return [attempt_id(j, i, a) for j, i, a in rows]

@@ -1,0 +1,74 @@
+"""Hosts and the framework id in the database; the host registry's view built on them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from support import make_spec
+
+from peloton.errors import FailedPrecondition, NotFound
+from peloton.hostmgr.hosts import HostRegistry, HostState
+from peloton.jobmgr.manager import JobManager
+from peloton.jobmgr.records import TaskUpdate, attempt_id
+from peloton.jobmgr.states import TASK_ACTIVE, TaskState
+from peloton.resources import Resources
+from peloton.storage.db import Database
+from peloton.storage.hosts import SqlHostStore
+
+NOW = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
+HOST = Resources(cpu=8, mem_mb=32768, disk_mb=100000, gpu=4)
+
+
+def test_framework_id_is_saved_and_replaced(db: Database) -> None:
+    store = SqlHostStore(db, lambda: NOW)
+    assert store.load_framework_id("peloton") == ""
+    store.save_framework_id("peloton", "fw-1")
+    store.save_framework_id("peloton", "fw-2")
+    assert SqlHostStore(db).load_framework_id("peloton") == "fw-2"
+
+
+def test_hosts_survive_a_restart_with_totals_and_drain_state(db: Database) -> None:
+    registry = HostRegistry(SqlHostStore(db), lambda: NOW)
+    assert registry.observe("h1", "a1", HOST, {"rack": "r1"}, "127.0.0.1:5051")
+    assert not registry.observe("h1", "a1", HOST.scale(0.5), {"rack": "r1"}, "127.0.0.1:5051")
+    registry.use("job-0-0", "h1", Resources(cpu=2, gpu=1))
+    assert registry.get("h1").free == Resources(cpu=6, mem_mb=32768, disk_mb=100000, gpu=3)
+    registry.set_draining("h1", True)
+    assert registry.draining() == {"h1"}
+
+    again = HostRegistry(SqlHostStore(db), lambda: NOW)
+    record = again.get("h1").record
+    assert (record.total, record.state, record.attributes) == (
+        HOST,
+        HostState.DRAINING,
+        {"rack": "r1"},
+    )
+    again.set_draining("h1", False)
+    assert again.draining() == set()
+
+
+def test_a_lost_agent_goes_down_and_leaves_the_capacity(db: Database) -> None:
+    registry = HostRegistry(SqlHostStore(db), lambda: NOW)
+    registry.observe("h1", "a1", HOST, {}, "h1:5051")
+    registry.observe("h2", "a2", HOST, {}, "h2:5051")
+    assert registry.capacity()["total"] == HOST.scale(2)
+    assert registry.agent_lost("a2") is not None
+    assert registry.capacity()["total"] == HOST
+    assert registry.counts() == {"UP": 1, "DOWN": 1}
+    with pytest.raises(FailedPrecondition, match="DOWN"):
+        registry.set_draining("h2", True)
+    with pytest.raises(NotFound, match="nope"):
+        registry.get("nope")
+    # The agent re-registers under a new id: the host is up again.
+    registry.observe("h2", "a2b", HOST, {}, "h2:5051")
+    assert registry.counts() == {"UP": 2}
+
+
+def test_active_attempts_are_the_launched_ones(db: Database) -> None:
+    jobs = JobManager(db)
+    job, _ = jobs.create_job(make_spec(2))
+    jobs.admit_pending(job.id, 2, "test")
+    for state in (TaskState.PLACING, TaskState.PLACED, TaskState.LAUNCHING):
+        jobs.update_tasks(job.id, [TaskUpdate(0, 1, state)])
+    assert SqlHostStore(db).active_attempts(TASK_ACTIVE) == [attempt_id(job.id, 0, 1)]
