@@ -43,6 +43,21 @@ class ServerConfig:
     # Logging: debug, info, warning, error; json or text.
     log_level: str = "info"
     log_format: str = "json"
+    # Mesos master: host:port or zk://host:port,.../mesos. Empty: no Mesos (nothing launches).
+    mesos_master: str = ""
+    mesos_role: str = "*"
+    mesos_principal: str = ""
+    framework_name: str = "peloton"
+    # Mesos keeps the tasks this long for a restarted daemon to take over (failover).
+    failover_timeout_seconds: float = 7 * 24 * 3600.0
+    # Offers are held this long while gangs wait, then declined for fresh ones.
+    offer_hold_seconds: float = 30.0
+    # Declines when nothing waits ask Mesos not to re-offer for this long (REVIVE overrides).
+    offer_refuse_seconds: float = 30.0
+    # A placement's claim on a host expires if the gang was not launched within this.
+    lease_seconds: float = 60.0
+    # Explicit + implicit task reconciliation period (also on every (re)subscription).
+    reconcile_interval_seconds: float = 300.0
 
     def __post_init__(self) -> None:
         # A config file gives strings; the rest of peloton wants a Path.

@@ -6,18 +6,22 @@ import logging
 import signal
 import threading
 from concurrent import futures
+from datetime import UTC, datetime
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.engine import make_url
 
+from peloton.api.host_service import HostService
 from peloton.api.interceptor import ServiceInterceptor
 from peloton.api.job_service import JobService
 from peloton.api.pool_service import PoolService
 from peloton.config import ServerConfig
 from peloton.errors import Unavailable
+from peloton.hostmgr.hosts import HostRegistry
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.states import JobState, TaskState
 from peloton.metrics import Metrics, StateCounts
@@ -26,13 +30,19 @@ from peloton.resmgr.metrics import ResmgrMetrics
 from peloton.storage import jobs as job_repo
 from peloton.storage import migrate
 from peloton.storage.db import Database
-from peloton.v1 import job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
+from peloton.storage.hosts import SqlHostStore
+from peloton.v1 import host_pb2, host_pb2_grpc, job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
+
+if TYPE_CHECKING:  # pymesos is imported only when a Mesos master is configured
+    from peloton.hostmgr.framework import HostManager
+    from peloton.placement.launcher import Launcher
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAMES = (
     job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
     pool_pb2.DESCRIPTOR.services_by_name["PoolService"].full_name,
+    host_pb2.DESCRIPTOR.services_by_name["HostService"].full_name,
 )
 
 
@@ -45,6 +55,9 @@ class Server:
         self.db: Database | None = None
         self.jobs: JobManager | None = None
         self.resmgr: ResourceManager | None = None
+        self.hosts: HostRegistry | None = None
+        self.hostmgr: HostManager | None = None
+        self.launcher: Launcher | None = None
         self.grpc_port = 0
         self.metrics_port = 0
         self._grpc: grpc.Server | None = None
@@ -66,6 +79,7 @@ class Server:
         self.jobs = JobManager(db)
         self.resmgr = ResourceManager(db, self.jobs, metrics=ResmgrMetrics(self.metrics.registry))
         self.jobs.set_scheduler(self.resmgr)
+        self._build_hosts(db, self.jobs, self.resmgr)
         self._register_state_gauges(db)
 
         self._grpc = grpc.server(
@@ -77,6 +91,10 @@ class Server:
         )
         job_pb2_grpc.add_JobServiceServicer_to_server(JobService(self.jobs), self._grpc)
         pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolService(self.resmgr), self._grpc)
+        assert self.hosts is not None
+        host_pb2_grpc.add_HostServiceServicer_to_server(
+            HostService(self.hosts, self.jobs, self.hostmgr), self._grpc
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc
@@ -95,8 +113,14 @@ class Server:
         self.metrics_port = http.server_port
 
         # Both ports are ours: rebuild the scheduling state, then take requests.
+        if self.hostmgr is not None:
+            # Host leases died with the previous daemon: unlaunched placements start over.
+            self.jobs.requeue_placements()
         self.resmgr.load()
         self.resmgr.start()
+        if self.hostmgr is not None and self.launcher is not None:
+            self.hostmgr.start()
+            self.launcher.start()
         self._grpc.start()
         for name in ("", *SERVICE_NAMES):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -109,6 +133,41 @@ class Server:
                 "database": db.dialect,
             },
         )
+
+    def _build_hosts(self, db: Database, jobs: JobManager, resmgr: ResourceManager) -> None:
+        """The host registry; with a Mesos master also the framework and the launcher (started
+        once the API is up)."""
+        store = SqlHostStore(db)
+        c = self.config
+        if not c.mesos_master:
+            self.hosts = HostRegistry(store, lambda: datetime.now(UTC))
+            return
+        from peloton.hostmgr.framework import HostManager, MesosSettings
+        from peloton.hostmgr.metrics import HostmgrMetrics
+        from peloton.placement.launcher import Launcher
+
+        settings = MesosSettings(
+            master=c.mesos_master,
+            framework_name=c.framework_name,
+            role=c.mesos_role,
+            principal=c.mesos_principal,
+            failover_timeout_seconds=c.failover_timeout_seconds,
+            offer_hold_seconds=c.offer_hold_seconds,
+            refuse_seconds=c.offer_refuse_seconds,
+            lease_seconds=c.lease_seconds,
+            reconcile_interval_seconds=c.reconcile_interval_seconds,
+        )
+        self.hostmgr = HostManager(
+            settings,
+            jobs,
+            store,
+            HostmgrMetrics(self.metrics.registry),
+            on_capacity=resmgr.set_capacity,
+        )
+        self.hosts = self.hostmgr.hosts
+        jobs.set_killer(self.hostmgr)
+        self.launcher = Launcher(resmgr, self.hostmgr, jobs)
+        self.hostmgr.add_offer_listener(self.launcher.wake)
 
     def _register_state_gauges(self, db: Database) -> None:
         def jobs() -> dict[str, int]:
@@ -142,6 +201,10 @@ class Server:
             self.jobs.events.close()  # ends WatchJob streams cleanly
         if self._grpc is not None:
             self._grpc.stop(grace).wait()
+        if self.launcher is not None:
+            self.launcher.stop()
+        if self.hostmgr is not None:
+            self.hostmgr.stop()  # without TEARDOWN: the tasks run on for the next daemon
         if self.resmgr is not None:
             self.resmgr.stop()
         http = self._metrics_http

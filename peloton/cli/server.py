@@ -121,6 +121,59 @@ def database_options(f: F) -> F:
     show_default=True,
 )
 @click.option(
+    "--mesos-master",
+    default=_DEFAULTS.mesos_master,
+    envvar="PELOTON_MESOS_MASTER",
+    help="Mesos master host:port or zk://HOSTS/mesos [default: none, nothing is launched].",
+)
+@click.option(
+    "--mesos-role", default=_DEFAULTS.mesos_role, envvar="PELOTON_MESOS_ROLE", show_default=True
+)
+@click.option("--mesos-principal", default="", envvar="PELOTON_MESOS_PRINCIPAL")
+@click.option(
+    "--framework-name",
+    default=_DEFAULTS.framework_name,
+    envvar="PELOTON_FRAMEWORK_NAME",
+    show_default=True,
+    help="Mesos framework name; also the key of the saved framework id.",
+)
+@click.option(
+    "--failover-timeout-seconds",
+    type=click.FloatRange(0),
+    default=_DEFAULTS.failover_timeout_seconds,
+    envvar="PELOTON_FAILOVER_TIMEOUT_SECONDS",
+    show_default=True,
+    help="How long Mesos keeps the tasks of a daemon that went away.",
+)
+@click.option(
+    "--offer-hold-seconds",
+    type=click.FloatRange(0),
+    default=_DEFAULTS.offer_hold_seconds,
+    envvar="PELOTON_OFFER_HOLD_SECONDS",
+    show_default=True,
+)
+@click.option(
+    "--offer-refuse-seconds",
+    type=click.FloatRange(0),
+    default=_DEFAULTS.offer_refuse_seconds,
+    envvar="PELOTON_OFFER_REFUSE_SECONDS",
+    show_default=True,
+)
+@click.option(
+    "--lease-seconds",
+    type=click.FloatRange(0.1),
+    default=_DEFAULTS.lease_seconds,
+    envvar="PELOTON_LEASE_SECONDS",
+    show_default=True,
+)
+@click.option(
+    "--reconcile-interval-seconds",
+    type=click.FloatRange(1),
+    default=_DEFAULTS.reconcile_interval_seconds,
+    envvar="PELOTON_RECONCILE_INTERVAL_SECONDS",
+    show_default=True,
+)
+@click.option(
     "--port-file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,

@@ -1,0 +1,78 @@
+"""HostService over real gRPC (no Mesos master configured): hosts, drain, and log errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from daemon import address, in_process_server, migrated_sqlite_url
+from support import make_spec
+
+from peloton.resources import Resources
+from peloton.server import Server
+from peloton.v1 import host_pb2, host_pb2_grpc
+
+HOST = Resources(cpu=8, mem_mb=32768, disk_mb=100000, gpu=4)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with in_process_server(migrated_sqlite_url(tmp_path), tmp_path / "data") as s:
+        yield s
+
+
+@pytest.fixture
+def stub(server: Server) -> Iterator[host_pb2_grpc.HostServiceStub]:
+    with grpc.insecure_channel(address(server.grpc_port)) as channel:
+        yield host_pb2_grpc.HostServiceStub(channel)
+
+
+def error(call: object) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call()  # type: ignore[operator]
+    return info.value
+
+
+def test_hosts_list_get_drain_undrain(server: Server, stub: host_pb2_grpc.HostServiceStub) -> None:
+    assert server.hosts is not None
+    server.hosts.observe("h2", "a2", HOST, {"rack": "r2"}, "127.0.0.1:5052")
+    server.hosts.observe("h1", "a1", HOST, {"rack": "r1", "gpu_model": "A100"}, "127.0.0.1:5051")
+    hosts = stub.ListHosts(host_pb2.ListHostsRequest()).hosts
+    assert [h.hostname for h in hosts] == ["h1", "h2"]
+    h1 = stub.GetHost(host_pb2.GetHostRequest(hostname="h1")).host
+    assert (h1.state, h1.total.gpu, h1.free.gpu, h1.attributes["gpu_model"]) == (
+        "UP",
+        4,
+        4,
+        "A100",
+    )
+    assert stub.DrainHost(host_pb2.DrainHostRequest(hostname="h1")).host.state == "DRAINING"
+    assert server.hosts.draining() == {"h1"}
+    listed = stub.ListHosts(host_pb2.ListHostsRequest(states=["DRAINING"])).hosts
+    assert [h.hostname for h in listed] == ["h1"]
+    assert stub.UndrainHost(host_pb2.UndrainHostRequest(hostname="h1")).host.state == "UP"
+
+
+def test_bad_requests_name_the_field(stub: host_pb2_grpc.HostServiceStub) -> None:
+    e = error(lambda: stub.GetHost(host_pb2.GetHostRequest()))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "hostname" in str(e.details())
+    e = error(lambda: stub.GetHost(host_pb2.GetHostRequest(hostname="nope")))
+    assert e.code() == grpc.StatusCode.NOT_FOUND and "nope" in str(e.details())
+    e = error(lambda: stub.ListHosts(host_pb2.ListHostsRequest(states=["BUSY"])))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "states[0]" in str(e.details())
+    e = error(lambda: stub.GetTaskLogs(host_pb2.GetTaskLogsRequest()))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "job_id" in str(e.details())
+
+
+def test_logs_of_an_unlaunched_task_fail_precondition(
+    server: Server, stub: host_pb2_grpc.HostServiceStub
+) -> None:
+    assert server.jobs is not None
+    job, _ = server.jobs.create_job(make_spec(1))
+    e = error(lambda: stub.GetTaskLogs(host_pb2.GetTaskLogsRequest(job_id=job.id)))
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not been launched" in str(e.details())
+    e = error(lambda: stub.GetTaskLogs(host_pb2.GetTaskLogsRequest(job_id=job.id, instance_id=9)))
+    assert e.code() == grpc.StatusCode.NOT_FOUND
