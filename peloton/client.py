@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import grpc
 
-from peloton.v1 import job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
+from peloton.v1 import host_pb2, host_pb2_grpc, job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
 
 R = TypeVar("R")
 DEFAULT_SERVER = "127.0.0.1:5392"
@@ -60,6 +60,7 @@ class PelotonClient:
         )
         self._jobs = job_pb2_grpc.JobServiceStub(self._channel)
         self._pools = pool_pb2_grpc.PoolServiceStub(self._channel)
+        self._hosts = host_pb2_grpc.HostServiceStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -193,6 +194,32 @@ class PelotonClient:
     def list_pools(self) -> list[pool_pb2.Pool]:
         """The whole pool tree, parents before children, starting with the root ``/``."""
         return list(self._call(self._pools.ListPools, pool_pb2.ListPoolsRequest()).pools)
+
+    # ------------------------------------------------------------------ hosts
+
+    def list_hosts(self, states: Sequence[str] = ()) -> list[host_pb2.Host]:
+        request = host_pb2.ListHostsRequest(states=list(states))
+        return list(self._call(self._hosts.ListHosts, request).hosts)
+
+    def get_host(self, hostname: str) -> host_pb2.Host:
+        return self._call(self._hosts.GetHost, host_pb2.GetHostRequest(hostname=hostname)).host
+
+    def drain_host(self, hostname: str) -> host_pb2.Host:
+        request = host_pb2.DrainHostRequest(hostname=hostname)
+        return self._call(self._hosts.DrainHost, request).host
+
+    def undrain_host(self, hostname: str) -> host_pb2.Host:
+        request = host_pb2.UndrainHostRequest(hostname=hostname)
+        return self._call(self._hosts.UndrainHost, request).host
+
+    def get_task_logs(
+        self, job_id: str, instance_id: int, *, stderr: bool = False, offset: int = 0
+    ) -> host_pb2.GetTaskLogsResponse:
+        """A piece of a task's stdout (or stderr) from ``offset``, read from its agent."""
+        request = host_pb2.GetTaskLogsRequest(
+            job_id=job_id, instance_id=instance_id, stderr=stderr, offset=offset
+        )
+        return self._call(self._hosts.GetTaskLogs, request)
 
     # ------------------------------------------------------------------ plumbing
 

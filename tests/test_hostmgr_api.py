@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from daemon import address, in_process_server, migrated_sqlite_url
+from daemon import address, error_line, in_process_server, migrated_sqlite_url, run_peloton
 from support import make_spec
 
 from peloton.resources import Resources
@@ -76,3 +77,19 @@ def test_logs_of_an_unlaunched_task_fail_precondition(
     assert "not been launched" in str(e.details())
     e = error(lambda: stub.GetTaskLogs(host_pb2.GetTaskLogsRequest(job_id=job.id, instance_id=9)))
     assert e.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_cli_host_commands(server: Server) -> None:
+    assert server.hosts is not None
+    server.hosts.observe("h1", "a1", HOST, {"rack": "r1"}, "127.0.0.1:5051")
+    at = address(server.grpc_port)
+    listed = run_peloton("host", "list", "-o", "json", server=at)
+    assert listed.returncode == 0, listed.stderr
+    (h1,) = json.loads(listed.stdout)
+    assert (h1["hostname"], h1["state"], h1["total"]["gpu"]) == ("h1", "UP", 4)
+    drained = run_peloton("host", "drain", "h1", server=at)
+    assert drained.stdout.strip() == "host h1 is DRAINING"
+    assert "DRAINING" in run_peloton("host", "get", "h1", server=at).stdout
+    missing = run_peloton("host", "undrain", "nope", server=at)
+    assert missing.returncode != 0
+    assert "nope" in error_line(missing)

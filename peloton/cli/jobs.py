@@ -250,3 +250,31 @@ def task_get(ctx: click.Context, job_id: str, instance: int, fmt: str) -> None:
         out.print_task(response)
     else:
         out.emit_data(out.to_dict(response), fmt)
+
+
+# How often --follow asks for more output.
+LOG_POLL_SECONDS = 0.5
+
+
+@task.command(name="logs")
+@click.argument("job_id")
+@click.argument("instance", type=click.IntRange(0, 2**32 - 1))
+@click.option("--stderr", is_flag=True, help="The task's stderr instead of its stdout.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the task ends.")
+@click.pass_context
+def task_logs(ctx: click.Context, job_id: str, instance: int, stderr: bool, follow: bool) -> None:
+    """Print a task's output (its current attempt's sandbox file, read from its host)."""
+    import time
+
+    offset = 0
+    with connect(ctx) as client:
+        while True:
+            piece = client.get_task_logs(job_id, instance, stderr=stderr, offset=offset)
+            if piece.data:
+                sys.stdout.buffer.write(piece.data)
+                sys.stdout.buffer.flush()
+                offset = piece.offset + len(piece.data)
+                continue
+            if not follow or piece.ended:
+                return
+            time.sleep(LOG_POLL_SECONDS)  # the agent has no push API for sandbox files

@@ -96,11 +96,12 @@ def completion(shell: str) -> None:
 
 
 def _register() -> None:
-    from peloton.cli import db, jobs, pools, server
+    from peloton.cli import db, hosts, jobs, pools, server
 
     cli.add_command(jobs.job)
     cli.add_command(jobs.task)
     cli.add_command(pools.pool)
+    cli.add_command(hosts.host)
     cli.add_command(server.server)
     cli.add_command(db.db)
 
