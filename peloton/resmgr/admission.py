@@ -4,8 +4,8 @@ Rules, applied to a pool's queue in order (priority then age, or age only for FI
 
 - A gang is admitted **whole** iff, for every kind, the pool's allocation plus the gang fits its
   entitlement and the cluster's free capacity. A non-preemptible gang must also fit within the
-  pool's *reservation* (with the pool's other non-preemptible work): it never runs on borrowed
-  capacity, so it never has to be taken back.
+  pool's *reservation* (with the pool's other non-preemptible work) in every kind the pool
+  configures: it never runs on borrowed capacity, so it never has to be taken back.
 - **No starvation of big gangs (reserve-ahead).** Once a gang cannot be admitted, the capacity it
   needs is held for it: a gang behind it may pass only if it takes nothing the blocked gangs ahead
   of it still need — in every kind it uses, what is left after it must still cover every blocked

@@ -16,6 +16,7 @@ Placement takes admitted gangs through :meth:`take_admitted` (the
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -331,12 +332,14 @@ class ResourceManager:
     def _refresh_dirty(self) -> None:
         with self._wake:
             dirty, self._dirty = self._dirty, set()
+        fresh = []
         for job_id in dirty:
             try:
-                job = self._jobs.get_job(job_id)
+                fresh.append(self._jobs.get_job(job_id))
             except NotFound:
                 self._forget(job_id)
-                continue
+        # Oldest first, so jobs first seen together still queue in submission order.
+        for job in sorted(fresh, key=lambda j: (j.created_at, j.id)):
             self._refresh(job)
 
     def _refresh(self, job: JobRecord) -> None:
@@ -414,7 +417,10 @@ class ResourceManager:
             pool=pool,
             entitlement=ents.entitlement.get(pool, ZERO),
             allocation=usage.allocation.get(pool, ZERO),
-            reservation=Resources.of({k: config.kind(k).reservation for k in KINDS}),
+            # Non-preemptible work is held to the reservation of the kinds the pool configures.
+            reservation=Resources.of(
+                {k: config.kinds[k].reservation if k in config.kinds else math.inf for k in KINDS}
+            ),
             np_allocation=usage.np_allocation.get(pool, ZERO),
             limit=Resources.of({k: self._tree.limit(pool, k) for k in KINDS}),
         )
@@ -482,6 +488,7 @@ class ResourceManager:
                 priority=v.job.spec.priority,
                 preemptible=v.preemptible,
                 admitted_at=v.admitted_at,
+                seq=v.seq,
                 total=v.per_task.scale(v.holding - v.ending),
             )
             for v in self._views.values()

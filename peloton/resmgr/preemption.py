@@ -41,6 +41,7 @@ class Running:
     priority: int
     preemptible: bool
     admitted_at: float
+    seq: int  # submission order: later is younger when admitted together
     total: Resources
 
 
@@ -52,7 +53,7 @@ class Victim:
 
 def victim_order(gangs: Iterable[Running]) -> list[Running]:
     """Lowest priority first, then youngest first."""
-    return sorted(gangs, key=lambda g: (g.priority, -g.admitted_at, g.key))
+    return sorted(gangs, key=lambda g: (g.priority, -g.admitted_at, -g.seq))
 
 
 def reclaim(
