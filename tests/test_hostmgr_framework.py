@@ -1,0 +1,326 @@
+"""The host manager through pymesos against a scripted master on loopback.
+
+The master here is a test double (the minicluster is the full one): it speaks the v1 scheduler
+HTTP API's wire format (chunked RecordIO stream with Mesos-Stream-Id, 202 for calls, /version)
+and records every call, so these tests can check what the framework sends and when: the
+SUBSCRIBE fields, decline + suppress when idle, revive on demand, LAUNCH_GROUP, persistence
+before ACKNOWLEDGE, reconciliation on subscription, kills of unknown tasks, and reconnection
+when heartbeats stop.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import queue
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon import migrated_sqlite_url, wait_for
+from prometheus_client import CollectorRegistry
+from support import make_spec
+from test_hostmgr_offers import raw_offer
+
+from peloton.gang import Gang
+from peloton.hostmgr.framework import HostManager, MesosSettings
+from peloton.hostmgr.metrics import HostmgrMetrics
+from peloton.jobmgr.manager import JobManager
+from peloton.jobmgr.records import attempt_id
+from peloton.jobmgr.states import JobState, TaskState
+from peloton.placement.launcher import Launcher
+from peloton.storage.db import Database
+from peloton.storage.hosts import SqlHostStore
+
+_CLOSE = object()
+
+
+class ScriptedMaster:
+    """A Mesos master double: the test pushes events, the framework's calls are recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.subscribes: list[dict[str, Any]] = []
+        self._streams: list[queue.Queue[object]] = []
+        self._lock = threading.Lock()
+        master = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                body = json.dumps({"version": "1.11.0"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                length = int(self.headers["Content-Length"])
+                call = json.loads(self.rfile.read(length))
+                if call["type"] == "SUBSCRIBE":
+                    master._stream(self, call)
+                    return
+                with master._lock:
+                    master.calls.append(call)
+                self.send_response(202)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self._thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.http.server_port}"
+
+    def _stream(self, handler: BaseHTTPRequestHandler, call: dict[str, Any]) -> None:
+        events: queue.Queue[object] = queue.Queue()
+        with self._lock:
+            self.subscribes.append(call)
+            self._streams.append(events)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.send_header("Mesos-Stream-Id", str(uuid.uuid4()))
+        handler.end_headers()
+        while True:
+            event = events.get()
+            if event is _CLOSE:
+                handler.wfile.write(b"0\r\n\r\n")
+                handler.close_connection = True
+                return
+            data = json.dumps(event).encode()
+            record = f"{len(data)}\n".encode() + data
+            handler.wfile.write(f"{len(record):x}\r\n".encode() + record + b"\r\n")
+            handler.wfile.flush()
+
+    def send(self, event: dict[str, Any]) -> None:
+        """Send an event on the newest subscription stream."""
+        wait_for(lambda: self._streams or None, 10, "a subscription")
+        self._streams[-1].put(event)
+
+    def close_stream(self) -> None:
+        self._streams[-1].put(_CLOSE)
+
+    def subscribed(self, framework_id: str, heartbeat: float = 15.0) -> None:
+        self.send(
+            {
+                "type": "SUBSCRIBED",
+                "subscribed": {
+                    "framework_id": {"value": framework_id},
+                    "heartbeat_interval_seconds": heartbeat,
+                },
+            }
+        )
+
+    def calls_of(self, kind: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [c for c in self.calls if c["type"] == kind]
+
+    def wait_call(self, kind: str, pred: Callable[[dict[str, Any]], bool] = lambda c: True) -> Any:
+        return wait_for(
+            lambda: next((c for c in self.calls_of(kind) if pred(c)), None), 10, f"a {kind} call"
+        )
+
+    def update(self, task_id: str, state: str, agent: str = "a1") -> str:
+        uid = base64.b64encode(uuid.uuid4().bytes).decode()
+        status = {
+            "task_id": {"value": task_id},
+            "state": state,
+            "agent_id": {"value": agent},
+            "executor_id": {"value": "ex"},
+            "source": "SOURCE_EXECUTOR",
+            "uuid": uid,
+        }
+        self.send({"type": "UPDATE", "update": {"status": status}})
+        return uid
+
+    def stop(self) -> None:
+        for stream in self._streams:
+            stream.put(_CLOSE)
+        self.http.shutdown()
+        self.http.server_close()
+
+
+class ListSource:
+    """An AdmittedGangs over a list (the resource manager's role in these tests)."""
+
+    def __init__(self, gangs: Sequence[Gang] = ()) -> None:
+        self.gangs = list(gangs)
+        self.returned: list[tuple[Gang, str]] = []
+
+    def take_admitted(self, limit: int) -> Sequence[Gang]:
+        taken, self.gangs = self.gangs[:limit], self.gangs[limit:]
+        return taken
+
+    def return_admitted(self, gang: Gang, reason: str) -> None:
+        self.returned.append((gang, reason))
+        self.gangs.append(gang)
+
+
+@pytest.fixture
+def master() -> Iterator[ScriptedMaster]:
+    m = ScriptedMaster()
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = Database.from_url(migrated_sqlite_url(tmp_path))
+    yield database
+    database.dispose()
+
+
+def make_hostmgr(master: ScriptedMaster, db: Database, jobs: JobManager) -> HostManager:
+    settings = MesosSettings(
+        master=master.address, framework_name="peloton-test", role="gpu", refuse_seconds=17
+    )
+    hm = HostManager(settings, jobs, SqlHostStore(db), HostmgrMetrics(CollectorRegistry()))
+    jobs.set_killer(hm)
+    return hm
+
+
+@pytest.fixture
+def jobs(db: Database) -> JobManager:
+    return JobManager(db)
+
+
+@pytest.fixture
+def hostmgr(master: ScriptedMaster, db: Database, jobs: JobManager) -> Iterator[HostManager]:
+    hm = make_hostmgr(master, db, jobs)
+    hm.start()
+    yield hm
+    hm.stop()
+
+
+def test_subscribe_declares_capabilities_role_and_failover_and_saves_the_id(
+    master: ScriptedMaster, hostmgr: HostManager, db: Database
+) -> None:
+    sub = wait_for(lambda: master.subscribes or None, 10, "SUBSCRIBE")[0]
+    info = sub["subscribe"]["framework_info"]
+    caps = {c["type"] for c in info["capabilities"]}
+    assert {"GPU_RESOURCES", "PARTITION_AWARE"} <= caps
+    assert info["roles"] == ["gpu"] and info["name"] == "peloton-test"
+    assert info["failover_timeout"] > 0 and info["checkpoint"] is True
+    assert "framework_id" not in sub
+    master.subscribed("fw-1")
+    assert hostmgr.wait_connected(10)
+    assert SqlHostStore(db).load_framework_id("peloton-test") == "fw-1"
+    # Reconciliation on subscription: explicit (nothing active here) then implicit.
+    master.wait_call("RECONCILE", lambda c: c["reconcile"]["tasks"] == [])
+
+
+def test_idle_offers_are_declined_with_a_filter_and_offers_suppressed_then_revived(
+    master: ScriptedMaster, hostmgr: HostManager
+) -> None:
+    master.subscribed("fw-1")
+    assert hostmgr.wait_connected(10)
+    hostmgr.set_demand(False)
+    master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1")]}})
+    decline = master.wait_call("DECLINE")
+    assert decline["decline"]["offer_ids"] == [{"value": "o1"}]
+    assert decline["decline"]["filters"]["refuse_seconds"] == 17
+    master.wait_call("SUPPRESS")
+    assert hostmgr.hosts.get("h1").record.total.gpu == 4
+    hostmgr.set_demand(True)
+    master.wait_call("REVIVE")
+
+
+def test_a_gang_is_launched_as_one_group_and_updates_are_persisted_then_acked(
+    master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager
+) -> None:
+    master.subscribed("fw-1")
+    assert hostmgr.wait_connected(10)
+    job, _ = jobs.create_job(make_spec(3, gpu=1))
+    instances = jobs.admit_pending(job.id, 3, "test")
+    gang = Gang.of_job(job.id, job.spec, instances, datetime.now(UTC))
+    source = ListSource([gang])
+    launcher = Launcher(source, hostmgr, jobs)
+    master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1", "a1", "h1", gpus=2)]}})
+    master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o2", "a2", "h2", gpus=2)]}})
+    wait_for(lambda: len(hostmgr.snapshot()) == 2, 10, "two offered hosts")
+    assert launcher.run_once() == 1, source.returned
+
+    accepts = [
+        master.wait_call("ACCEPT", lambda c, o=o: c["accept"]["offer_ids"][0]["value"] == o)
+        for o in ("o1", "o2")
+    ]
+    groups = [a["accept"]["operations"][0]["launch_group"] for a in accepts]
+    ids = [[t["task_id"]["value"] for t in g["task_group"]["tasks"]] for g in groups]
+    assert ids == [[attempt_id(job.id, 0, 1), attempt_id(job.id, 1, 1)], [attempt_id(job.id, 2, 1)]]
+    env = {
+        v["name"]: v["value"]
+        for v in groups[1]["task_group"]["tasks"][0]["command"]["environment"]["variables"]
+    }
+    assert (env["PELOTON_RANK"], env["PELOTON_GANG_SIZE"], env["PELOTON_INSTANCE_ID"]) == (
+        "2",
+        "3",
+        "2",
+    )
+    task, _ = jobs.get_task(job.id, 2)
+    assert (task.state, task.current.host) == (TaskState.LAUNCHING, "h2")
+
+    for i in range(3):
+        uid = master.update(attempt_id(job.id, i, 1), "TASK_RUNNING")
+        ack = master.wait_call("ACKNOWLEDGE", lambda c, u=uid: c["acknowledge"]["uuid"] == u)
+        assert ack["acknowledge"]["task_id"] == {"value": attempt_id(job.id, i, 1)}
+        # Acknowledged only once it was persisted.
+        assert jobs.get_task(job.id, i)[0].state == TaskState.RUNNING
+    for i in range(3):
+        master.update(attempt_id(job.id, i, 1), "TASK_FINISHED")
+    wait_for(lambda: jobs.get_job(job.id).state == JobState.SUCCEEDED, 10, "job SUCCEEDED")
+
+
+def test_a_task_peloton_does_not_know_is_killed_and_its_update_acked(
+    master: ScriptedMaster, hostmgr: HostManager
+) -> None:
+    master.subscribed("fw-1")
+    assert hostmgr.wait_connected(10)
+    uid = master.update("not-ours", "TASK_RUNNING")
+    kill = master.wait_call("KILL")
+    assert kill["kill"]["task_id"] == {"value": "not-ours"}
+    assert kill["kill"]["agent_id"] == {"value": "a1"}
+    master.wait_call("ACKNOWLEDGE", lambda c: c["acknowledge"]["uuid"] == uid)
+
+
+def test_resubscribes_with_the_same_id_after_the_stream_ends_and_when_heartbeats_stop(
+    master: ScriptedMaster, hostmgr: HostManager
+) -> None:
+    master.subscribed("fw-1", heartbeat=0.3)
+    assert hostmgr.wait_connected(10)
+    master.send({"type": "HEARTBEAT"})
+    master.close_stream()
+    again = wait_for(lambda: master.subscribes[1:] or None, 15, "a resubscription")[0]
+    assert again["framework_id"] == {"value": "fw-1"}
+    master.subscribed("fw-1", heartbeat=0.3)
+    wait_for(lambda: hostmgr.connected, 10, "subscribed again")
+    # No heartbeat for 5 intervals (1.5 s): the framework reconnects by itself.
+    third = wait_for(lambda: master.subscribes[2:] or None, 15, "a reconnect without heartbeats")[0]
+    assert third["framework_id"] == {"value": "fw-1"}
+
+
+def test_a_restarted_framework_reuses_the_saved_id(
+    master: ScriptedMaster, db: Database, jobs: JobManager
+) -> None:
+    SqlHostStore(db).save_framework_id("peloton-test", "fw-old")
+    hm = make_hostmgr(master, db, jobs)
+    hm.start()
+    try:
+        sub = wait_for(lambda: master.subscribes or None, 10, "SUBSCRIBE")[0]
+        assert sub["framework_id"] == {"value": "fw-old"}
+        assert sub["subscribe"]["framework_info"]["id"] == {"value": "fw-old"}
+    finally:
+        hm.stop()
