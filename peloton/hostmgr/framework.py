@@ -470,19 +470,22 @@ class HostManager:
                 executor or (known.executor_id if known else ""),
                 hostname,
             )
+        ending = target is not None and target in TASK_TERMINAL
+        if not ending and hostname and self.hosts.host_of(task_id) == "":
+            # A daemon that restarted learns what its running tasks hold from their updates.
+            spec = self._jobs.get_job(job_id).spec
+            self.hosts.use(task_id, hostname, Resources.from_proto(spec.task.resources))
         if target is None:
             return True
         reason, message = mesos_states.reason_of(
             state, status.get("reason", ""), status.get("message", "")
         )
-        job = self._jobs.update_tasks(
+        self._jobs.update_tasks(
             job_id, [TaskUpdate(instance, attempt, target, reason, message, hostname)]
         )
         if target in TASK_TERMINAL:
             # The sandbox location stays known, for `peloton task logs` of ended tasks.
             self.hosts.unuse(task_id)
-        elif hostname and self.hosts.host_of(task_id) == "":
-            self.hosts.use(task_id, hostname, Resources.from_proto(job.spec.task.resources))
         return True
 
     # ------------------------------------------------------------------ reconciliation
