@@ -324,3 +324,26 @@ def test_a_restarted_framework_reuses_the_saved_id(
         assert sub["subscribe"]["framework_info"]["id"] == {"value": "fw-old"}
     finally:
         hm.stop()
+
+
+def test_a_failed_task_takes_its_gang_down_on_every_host(
+    master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager
+) -> None:
+    master.subscribed("fw-1")
+    assert hostmgr.wait_connected(10)
+    job, _ = jobs.create_job(make_spec(2, gpu=4))
+    gang = Gang.of_job(job.id, job.spec, jobs.admit_pending(job.id, 2, "t"), datetime.now(UTC))
+    master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1", "a1", "h1")]}})
+    master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o2", "a2", "h2")]}})
+    wait_for(lambda: len(hostmgr.snapshot()) == 2, 10, "two offered hosts")
+    assert Launcher(ListSource([gang]), hostmgr, jobs).run_once() == 1
+    first, second = attempt_id(job.id, 0, 1), attempt_id(job.id, 1, 1)
+    master.update(first, "TASK_RUNNING", "a1")
+    master.update(second, "TASK_RUNNING", "a2")
+    master.update(first, "TASK_FAILED", "a1")
+    kill = master.wait_call("KILL")
+    assert kill["kill"]["task_id"] == {"value": second}
+    assert kill["kill"]["agent_id"] == {"value": "a2"}
+    master.update(second, "TASK_KILLED", "a2")
+    wait_for(lambda: jobs.get_job(job.id).state == JobState.FAILED, 10, "job FAILED")
+    assert jobs.get_task(job.id, 1)[0].state == TaskState.LOST

@@ -29,11 +29,15 @@ from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
 from peloton.hostmgr.offers import HostOffers, Lease, Offer, OfferPool, parse_offer
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import TaskUpdate
-from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL
+from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
 from peloton.resources import Resources
 
 log = logging.getLogger(__name__)
 
+# Attempts that run (or are about to) and are not being stopped already.
+_RUNNING = frozenset(
+    {TaskState.LAUNCHING, TaskState.LAUNCHED, TaskState.STARTING, TaskState.RUNNING}
+)
 # A day: pymesos gives up reconnecting (and aborts the daemon) only after this long.
 _CONNECT_TIMEOUT = 24 * 3600.0
 
@@ -486,7 +490,25 @@ class HostManager:
         if target in TASK_TERMINAL:
             # The sandbox location stays known, for `peloton task logs` of ended tasks.
             self.hosts.unuse(task_id)
+        if target in (TaskState.FAILED, TaskState.LOST):
+            self._take_gang_down(job_id, task_id)
         return True
+
+    def _take_gang_down(self, job_id: str, failed: str) -> None:
+        """A gang runs together or not at all: when one of its tasks failed, kill the rest on
+        every host (the default executor only takes down the failed task's own group)."""
+        tasks, _ = self._jobs.list_tasks(job_id, frozenset(_RUNNING), 10_000)
+        others = [t.current.id for t in tasks]
+        if not others:
+            return
+        policy = self._jobs.get_job(job_id).spec.preemption
+        grace = policy.kill_grace_seconds if policy.HasField("kill_grace_seconds") else 30
+        log.warning(
+            "a gang task failed: killing the rest of the gang",
+            extra={"job_id": job_id, "failed": failed, "killing": len(others)},
+        )
+        for other in others:
+            self._kill(other, grace)
 
     # ------------------------------------------------------------------ reconciliation
 
