@@ -113,10 +113,7 @@ class Server:
         self.metrics_port = http.server_port
 
         # Both ports are ours: rebuild the scheduling state, then take requests.
-        if self.hostmgr is not None:
-            # Host leases died with the previous daemon: unlaunched placements start over.
-            self.jobs.requeue_placements()
-        self.resmgr.load()
+        self.resmgr.load()  # also sends placements the previous daemon left unlaunched back
         self.resmgr.start()
         if self.hostmgr is not None and self.launcher is not None:
             self.hostmgr.start()
