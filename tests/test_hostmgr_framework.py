@@ -31,7 +31,7 @@ from peloton.gang import Gang
 from peloton.hostmgr.framework import HostManager, MesosSettings
 from peloton.hostmgr.metrics import HostmgrMetrics
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import attempt_id
+from peloton.jobmgr.records import TaskUpdate, attempt_id
 from peloton.jobmgr.states import JobState, TaskState
 from peloton.placement.launcher import Launcher
 from peloton.storage.db import Database
@@ -347,3 +347,31 @@ def test_a_failed_task_takes_its_gang_down_on_every_host(
     master.update(second, "TASK_KILLED", "a2")
     wait_for(lambda: jobs.get_job(job.id).state == JobState.FAILED, 10, "job FAILED")
     assert jobs.get_task(job.id, 1)[0].state == TaskState.LOST
+
+
+def test_reconciliation_asks_for_active_attempts_and_unknown_ones_become_lost(
+    master: ScriptedMaster, db: Database, jobs: JobManager
+) -> None:
+    job, _ = jobs.create_job(make_spec(1))
+    jobs.admit_pending(job.id, 1, "t")
+    for state in (TaskState.PLACING, TaskState.PLACED, TaskState.LAUNCHING, TaskState.RUNNING):
+        jobs.update_tasks(job.id, [TaskUpdate(0, 1, state, host="h1")])
+    task_id = attempt_id(job.id, 0, 1)
+    hm = make_hostmgr(master, db, jobs)
+    hm.start()
+    try:
+        master.subscribed("fw-1")
+        explicit = master.wait_call("RECONCILE", lambda c: bool(c["reconcile"]["tasks"]))
+        assert explicit["reconcile"]["tasks"] == [{"task_id": {"value": task_id}}]
+        # What a master answers for a task it does not know (no uuid: nothing to acknowledge).
+        status = {
+            "task_id": {"value": task_id},
+            "state": "TASK_UNKNOWN",
+            "reason": "REASON_RECONCILIATION",
+            "source": "SOURCE_MASTER",
+        }
+        master.send({"type": "UPDATE", "update": {"status": status}})
+        wait_for(lambda: jobs.get_task(job.id, 0)[0].state == TaskState.LOST, 10, "task LOST")
+        assert jobs.get_job(job.id).state == JobState.FAILED
+    finally:
+        hm.stop()
