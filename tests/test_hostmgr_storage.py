@@ -30,8 +30,10 @@ def test_framework_id_is_saved_and_replaced(db: Database) -> None:
 
 def test_hosts_survive_a_restart_with_totals_and_drain_state(db: Database) -> None:
     registry = HostRegistry(SqlHostStore(db), lambda: NOW)
-    assert registry.observe("h1", "a1", HOST, {"rack": "r1"}, "127.0.0.1:5051")
-    assert not registry.observe("h1", "a1", HOST.scale(0.5), {"rack": "r1"}, "127.0.0.1:5051")
+    record = registry.observe("h1", "a1", HOST, {"rack": "r1"}, "127.0.0.1:5051")
+    assert record is not None
+    registry.save([record])
+    assert registry.observe("h1", "a1", HOST.scale(0.5), {"rack": "r1"}, "127.0.0.1:5051") is None
     registry.use("job-0-0", "h1", Resources(cpu=2, gpu=1))
     assert registry.get("h1").free == Resources(cpu=6, mem_mb=32768, disk_mb=100000, gpu=3)
     registry.set_draining("h1", True)
@@ -50,8 +52,10 @@ def test_hosts_survive_a_restart_with_totals_and_drain_state(db: Database) -> No
 
 def test_a_lost_agent_goes_down_and_leaves_the_capacity(db: Database) -> None:
     registry = HostRegistry(SqlHostStore(db), lambda: NOW)
-    registry.observe("h1", "a1", HOST, {}, "h1:5051")
-    registry.observe("h2", "a2", HOST, {}, "h2:5051")
+    for name in ("h1", "h2"):
+        record = registry.observe(name, f"a{name[1]}", HOST, {}, f"{name}:5051")
+        assert record is not None
+        registry.save([record])
     assert registry.capacity()["total"] == HOST.scale(2)
     assert registry.agent_lost("a2") is not None
     assert registry.capacity()["total"] == HOST

@@ -227,14 +227,23 @@ class HostManager:
                 log.exception("ignoring malformed offer")
         self.metrics.offers_received.inc(len(offers))
         self.pool.add(offers)
-        for host in {o.hostname: o for o in offers}.values():
-            self.hosts.observe(
-                host.hostname,
-                host.agent_id,
-                self.pool.offered().get(host.agent_id, Resources()),
-                host.attributes,
-                host.agent_address,
+        changed = [
+            record
+            for o in {o.hostname: o for o in offers}.values()
+            if (
+                record := self.hosts.observe(
+                    o.hostname,
+                    o.agent_id,
+                    self.pool.offered_on(o.hostname),
+                    o.attributes,
+                    o.agent_address,
+                )
             )
+            is not None
+        ]
+        if changed:
+            # Written by the worker: database I/O here would hold up pymesos's event thread.
+            self._work.put(lambda: self.hosts.save(changed))
         self.metrics.offers_held.set(self.pool.held())
         self._work.put(self._after_offers)
 

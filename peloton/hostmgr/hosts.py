@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
@@ -58,7 +58,9 @@ class HostStore(Protocol):
 
     def load_hosts(self) -> list[HostRecord]: ...
 
-    def save_host(self, host: HostRecord) -> None: ...
+    def save_hosts(self, hosts: Sequence[HostRecord]) -> None:
+        """Insert or replace these host records (one transaction)."""
+        ...
 
     def load_framework_id(self, name: str) -> str: ...
 
@@ -80,8 +82,9 @@ class MemoryHostStore:
     def load_hosts(self) -> list[HostRecord]:
         return list(self.hosts.values())
 
-    def save_host(self, host: HostRecord) -> None:
-        self.hosts[host.hostname] = host
+    def save_hosts(self, hosts: Sequence[HostRecord]) -> None:
+        for host in hosts:
+            self.hosts[host.hostname] = host
 
     def load_framework_id(self, name: str) -> str:
         return self.framework_ids.get(name, "")
@@ -96,6 +99,7 @@ class MemoryHostStore:
 @dataclass
 class _Usage:
     by_attempt: dict[str, tuple[str, Resources]] = field(default_factory=dict)  # -> hostname
+    by_host: dict[str, Resources] = field(default_factory=dict)
 
 
 class HostRegistry:
@@ -117,9 +121,10 @@ class HostRegistry:
         offered: Resources,
         attributes: Mapping[str, str],
         address: str,
-    ) -> bool:
-        """An offer (or the sum of a host's held offers) was seen. Returns True if the host's
-        record changed (then it was saved): a new host, a larger total, a new agent or address."""
+    ) -> HostRecord | None:
+        """An offer (or the sum of a host's held offers) was seen. Returns the host's new record
+        if it changed (a new host, a larger total, a new agent or address), for the caller to
+        :meth:`save` (in batches: offers come by the thousand); None if nothing changed."""
         with self._lock:
             seen = offered + self._used(hostname)
             old = self._hosts.get(hostname)
@@ -140,11 +145,15 @@ class HostRegistry:
                     address=address,
                 )
                 if new == old:
-                    return False
+                    return None
                 new = replace(new, updated_at=self._clock())
             self._hosts[hostname] = new
-        self._store.save_host(new)
-        return True
+        return new
+
+    def save(self, records: Sequence[HostRecord]) -> None:
+        """Persist records :meth:`observe` returned."""
+        if records:
+            self._store.save_hosts(records)
 
     def agent_lost(self, agent_id: str) -> HostRecord | None:
         """Mark the host of a lost agent DOWN (it leaves the cluster's capacity)."""
@@ -154,18 +163,24 @@ class HostRegistry:
                 return None
             new = replace(host, state=HostState.DOWN, updated_at=self._clock())
             self._hosts[host.hostname] = new
-        self._store.save_host(new)
+        self._store.save_hosts([new])
         return new
 
     # ------------------------------------------------------------------ peloton's usage
 
     def use(self, attempt_id: str, hostname: str, resources: Resources) -> None:
         with self._lock:
+            if attempt_id in self._usage.by_attempt:
+                return
             self._usage.by_attempt[attempt_id] = (hostname, resources)
+            self._usage.by_host[hostname] = self._used(hostname) + resources
 
     def unuse(self, attempt_id: str) -> None:
         with self._lock:
-            self._usage.by_attempt.pop(attempt_id, None)
+            entry = self._usage.by_attempt.pop(attempt_id, None)
+            if entry is not None:
+                hostname, resources = entry
+                self._usage.by_host[hostname] = (self._used(hostname) - resources).clamp_min_zero()
 
     def host_of(self, attempt_id: str) -> str:
         with self._lock:
@@ -173,11 +188,7 @@ class HostRegistry:
             return entry[0] if entry else ""
 
     def _used(self, hostname: str) -> Resources:
-        total = ZERO
-        for host, res in self._usage.by_attempt.values():
-            if host == hostname:
-                total = total + res
-        return total
+        return self._usage.by_host.get(hostname, ZERO)
 
     # ------------------------------------------------------------------ users
 
@@ -190,10 +201,7 @@ class HostRegistry:
 
     def list(self) -> list[HostView]:
         with self._lock:
-            used: dict[str, Resources] = {}
-            for host, res in self._usage.by_attempt.values():
-                used[host] = used.get(host, ZERO) + res
-            return [HostView(h, used.get(n, ZERO)) for n, h in sorted(self._hosts.items())]
+            return [HostView(h, self._used(n)) for n, h in sorted(self._hosts.items())]
 
     def set_draining(self, hostname: str, draining: bool) -> HostView:
         """Drain (no new placements) or undrain a host. A DOWN host can't be drained."""
@@ -210,7 +218,7 @@ class HostRegistry:
                 self._hosts[hostname] = new
             view = HostView(new, self._used(hostname))
         if new is not host:
-            self._store.save_host(new)
+            self._store.save_hosts([new])
         return view
 
     def draining(self) -> set[str]:

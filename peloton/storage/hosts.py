@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import select
@@ -28,6 +28,20 @@ def host_record(row: HostRow) -> HostRecord:
     )
 
 
+def _values(host: HostRecord) -> dict[str, object]:
+    return {
+        "agent_id": host.agent_id,
+        "state": host.state.value,
+        "cpu": host.total.cpu,
+        "mem_mb": host.total.mem_mb,
+        "disk_mb": host.total.disk_mb,
+        "gpu": host.total.gpu,
+        "attributes": json.dumps(dict(host.attributes), sort_keys=True),
+        "address": host.address,
+        "updated_at": host.updated_at,
+    }
+
+
 class SqlHostStore:
     """HostStore on the peloton database (SQLite or PostgreSQL)."""
 
@@ -40,25 +54,22 @@ class SqlHostStore:
             rows = session.scalars(select(HostRow).order_by(HostRow.hostname))
             return [host_record(r) for r in rows]
 
-    def save_host(self, host: HostRecord) -> None:
-        values = {
-            "agent_id": host.agent_id,
-            "state": host.state.value,
-            "cpu": host.total.cpu,
-            "mem_mb": host.total.mem_mb,
-            "disk_mb": host.total.disk_mb,
-            "gpu": host.total.gpu,
-            "attributes": json.dumps(dict(host.attributes), sort_keys=True),
-            "address": host.address,
-            "updated_at": host.updated_at,
-        }
+    def save_hosts(self, hosts: Sequence[HostRecord]) -> None:
         with self._db.writing() as session:
-            row = session.get(HostRow, host.hostname)
-            if row is None:
-                session.add(HostRow(hostname=host.hostname, **values))
-            else:
-                for key, value in values.items():
-                    setattr(row, key, value)
+            existing = {
+                row.hostname: row
+                for row in session.scalars(
+                    select(HostRow).where(HostRow.hostname.in_([h.hostname for h in hosts]))
+                )
+            }
+            for host in hosts:
+                values = _values(host)
+                row = existing.get(host.hostname)
+                if row is None:
+                    session.add(HostRow(hostname=host.hostname, **values))
+                else:
+                    for key, value in values.items():
+                        setattr(row, key, value)
 
     def load_framework_id(self, name: str) -> str:
         with self._db.reading() as session:
