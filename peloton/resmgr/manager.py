@@ -172,6 +172,7 @@ class ResourceManager:
             if ready:
                 at = job.updated_at
                 self._admitted.append(Gang.of_job(job.id, job.spec, ready, at))
+        self.run_cycle()
         log.info(
             "resource manager loaded",
             extra={"pools": len(pools), "jobs": len(self._views), "admitted": len(self._admitted)},
