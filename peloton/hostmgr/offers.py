@@ -145,10 +145,7 @@ class Lease:
 
     @property
     def resources(self) -> Resources:
-        total = ZERO
-        for o in self.offers:
-            total = total + o.resources
-        return total
+        return _sum(self.offers)
 
     @property
     def ports(self) -> tuple[PortRange, ...]:
