@@ -52,6 +52,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	scripts/ensure-postgres.sh
 	$(PY) -m bench.bench_jobs
+	$(PY) -m bench.bench_resmgr
 
 demo: $(STAMP)
 	$(PY) -m peloton.demo

@@ -69,23 +69,32 @@ class Calculator:
         """Entitlements for ``capacity`` of the cluster and each leaf pool's demand
         (allocation + queued). Pools missing from ``leaf_demand`` have none."""
         n = len(self._paths)
-        ent_by_kind: dict[str, list[float]] = {}
-        dem_by_kind: dict[str, list[float]] = {}
+        # One column of floats per kind, by pool index (attribute reads, no per-kind lookups).
+        columns = {k: [0.0] * n for k in KINDS}
+        cpu, mem, disk, gpu = (columns[k] for k in ("cpu", "mem_mb", "disk_mb", "gpu"))
+        for path, amount in leaf_demand.items():
+            i = self._index.get(path)
+            if i is not None:
+                cpu[i], mem[i], disk[i], gpu[i] = (
+                    amount.cpu,
+                    amount.mem_mb,
+                    amount.disk_mb,
+                    amount.gpu,
+                )
+        ents = {}
         for k in KINDS:
-            demand = [0.0] * n
-            for path, amount in leaf_demand.items():
-                i = self._index.get(path)
-                if i is not None:
-                    demand[i] = amount.get(k)
-            self._roll_up(k, demand)
-            ent_by_kind[k] = self._split(k, capacity.get(k), demand)
-            dem_by_kind[k] = demand
-        entitlement = {}
-        rolled = {}
-        for i, path in enumerate(self._paths):
-            entitlement[path] = Resources(*(ent_by_kind[k][i] for k in KINDS))
-            rolled[path] = Resources(*(dem_by_kind[k][i] for k in KINDS))
-        return Entitlements(entitlement=entitlement, demand=rolled)
+            self._roll_up(k, columns[k])
+            ents[k] = self._split(k, capacity.get(k), columns[k])
+        return Entitlements(
+            entitlement=dict(
+                zip(
+                    self._paths,
+                    map(Resources, ents["cpu"], ents["mem_mb"], ents["disk_mb"], ents["gpu"]),
+                    strict=True,
+                )
+            ),
+            demand=dict(zip(self._paths, map(Resources, cpu, mem, disk, gpu), strict=True)),
+        )
 
     def _roll_up(self, k: str, demand: list[float]) -> None:
         """Leaves' demand capped by their limit; parents' the sum of their children's."""
