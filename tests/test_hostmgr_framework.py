@@ -235,6 +235,13 @@ def test_idle_offers_are_declined_with_a_filter_and_offers_suppressed_then_reviv
     assert decline["decline"]["filters"]["refuse_seconds"] == 17
     master.wait_call("SUPPRESS")
     assert hostmgr.hosts.get("h1").record.total.gpu == 4
+    metric = hostmgr.metrics.registry.get_sample_value
+    assert metric("peloton_mesos_connected") == 1
+    assert metric("peloton_offers_received_total") == 1
+    assert metric("peloton_offers_held") == 0
+    assert metric("peloton_hosts", {"state": "UP"}) == 1
+    assert metric("peloton_cluster_resources", {"kind": "gpu", "state": "total"}) == 4
+    assert metric("peloton_cluster_resources", {"kind": "gpu", "state": "free"}) == 4
     hostmgr.set_demand(True)
     master.wait_call("REVIVE")
 
@@ -279,6 +286,10 @@ def test_a_gang_is_launched_as_one_group_and_updates_are_persisted_then_acked(
         assert ack["acknowledge"]["task_id"] == {"value": attempt_id(job.id, i, 1)}
         # Acknowledged only once it was persisted.
         assert jobs.get_task(job.id, i)[0].state == TaskState.RUNNING
+    metric = hostmgr.metrics.registry.get_sample_value
+    assert metric("peloton_tasks_launched_total") == 3
+    assert metric("peloton_status_updates_total", {"state": "TASK_RUNNING"}) == 3
+    assert metric("peloton_cluster_resources", {"kind": "gpu", "state": "used"}) == 3
     for i in range(3):
         master.update(attempt_id(job.id, i, 1), "TASK_FINISHED")
     wait_for(lambda: jobs.get_job(job.id).state == JobState.SUCCEEDED, 10, "job SUCCEEDED")
