@@ -21,11 +21,31 @@ every change of demand, capacity or configuration, and periodically.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from peloton.resmgr.pool import ROOT, Policy, PoolTree
 from peloton.resources import KINDS, Resources
+
+
+class ByPool(Mapping[str, Resources]):
+    """Per-pool amounts kept as four columns of floats; a pool's Resources is built when read
+    (a cycle reads a handful of the thousand pools a computation covers)."""
+
+    def __init__(self, index: Mapping[str, int], columns: Sequence[list[float]]) -> None:
+        self._index = index
+        self._columns = columns
+
+    def __getitem__(self, path: str) -> Resources:
+        i = self._index[path]
+        cpu, mem, disk, gpu = self._columns
+        return Resources(cpu[i], mem[i], disk[i], gpu[i])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
 
 
 @dataclass(frozen=True)
@@ -48,6 +68,8 @@ class Calculator:
         self._children: list[list[int]] = [
             [self._index[c] for c in sorted(tree.children(p))] for p in order
         ]
+        # Parents, deepest first: the order demand rolls up in.
+        self._parents_up = [i for i in reversed(range(len(order))) if self._children[i]]
         n = len(order)
         inf = float("inf")
         self._reservation = {k: [0.0] * n for k in KINDS}
@@ -81,31 +103,22 @@ class Calculator:
                     amount.disk_mb,
                     amount.gpu,
                 )
-        ents = {}
-        for k in KINDS:
-            self._roll_up(k, columns[k])
-            ents[k] = self._split(k, capacity.get(k), columns[k])
-        return Entitlements(
-            entitlement=dict(
-                zip(
-                    self._paths,
-                    map(Resources, ents["cpu"], ents["mem_mb"], ents["disk_mb"], ents["gpu"]),
-                    strict=True,
-                )
-            ),
-            demand=dict(zip(self._paths, map(Resources, cpu, mem, disk, gpu), strict=True)),
-        )
+        rolled = [self._roll_up(k, columns[k]) for k in KINDS]
+        ents = [self._split(k, capacity.get(k), d) for k, d in zip(KINDS, rolled, strict=True)]
+        return Entitlements(ByPool(self._index, ents), ByPool(self._index, rolled))
 
-    def _roll_up(self, k: str, demand: list[float]) -> None:
-        """Leaves' demand capped by their limit; parents' the sum of their children's."""
+    def _roll_up(self, k: str, leaf_demand: list[float]) -> list[float]:
+        """Leaves' demand capped by their limit; parents' the sum of their children's (a STATIC
+        child counts at least its reservation), capped by the parent's limit."""
         limit, reservation, static = self._limit[k], self._reservation[k], self._static[k]
-        for i in range(len(self._paths) - 1, -1, -1):  # children come after their parent
-            kids = self._children[i]
-            if kids:
-                demand[i] = sum(
-                    max(demand[c], reservation[c]) if static[c] else demand[c] for c in kids
-                )
-            demand[i] = min(demand[i], limit[i])
+        demand = list(map(min, leaf_demand, limit))
+        for i in self._parents_up:
+            total = 0.0
+            for c in self._children[i]:
+                d = demand[c]
+                total += d if not static[c] or d >= reservation[c] else reservation[c]
+            demand[i] = min(total, limit[i])
+        return demand
 
     def _split(self, k: str, capacity: float, demand: list[float]) -> list[float]:
         reservation, limit, share = self._reservation[k], self._limit[k], self._share[k]
