@@ -318,8 +318,9 @@ class ResourceManager:
             usage = Usage.of(self._views.values())
             free = (self._capacity or ZERO) - usage.total()
             decisions: dict[str, Decision] = {}
-            for pool in self._pools_most_starved_first(ents, usage):
-                decision = self._admit_pool(pool, ents, usage, free)
+            queues = self._queues()
+            for pool in self._most_starved_first(queues, ents, usage):
+                decision = self._admit_pool(pool, queues[pool], ents, usage, free)
                 decisions[pool] = decision
                 free = decision.cluster_free
             usage = Usage.of(self._views.values())
@@ -383,23 +384,27 @@ class ResourceManager:
             demand[view.pool] = demand.get(view.pool, ZERO) + amount
         return self._calculator.compute(self._capacity or ZERO, demand)
 
-    def _pools_most_starved_first(self, ents: Entitlements, usage: Usage) -> list[str]:
+    @staticmethod
+    def _most_starved_first(
+        queues: Mapping[str, list[Waiting]], ents: Entitlements, usage: Usage
+    ) -> list[str]:
         """Pools with waiting gangs, the one using least of its entitlement first."""
 
         def starvation(pool: str) -> float:
             alloc, ent = usage.allocation.get(pool, ZERO), ents.entitlement.get(pool, ZERO)
             return max((alloc.get(k) / ent.get(k) if ent.get(k) > 0 else 0.0) for k in KINDS)
 
-        pools = {v.pool for v in self._views.values() if v.pending}
-        return sorted(pools, key=lambda p: (starvation(p), p))
+        return sorted(queues, key=lambda p: (starvation(p), p))
 
-    def _waiting(self, pool: str) -> list[Waiting]:
-        out = []
+    def _queues(self) -> dict[str, list[Waiting]]:
+        """Every pool's waiting gangs (in no particular order)."""
+        out: dict[str, list[Waiting]] = {}
         for view in self._views.values():
-            if view.pool != pool or view.job.goal == Goal.KILL:
+            if not view.pending or view.job.goal == Goal.KILL:
                 continue
+            queue = out.setdefault(view.pool, [])
             for i, size in enumerate(view.gang_sizes()):
-                out.append(
+                queue.append(
                     Waiting(
                         key=view.job.id,
                         priority=view.job.spec.priority,
@@ -426,8 +431,14 @@ class ResourceManager:
             limit=Resources.of({k: self._tree.limit(pool, k) for k in KINDS}),
         )
 
-    def _admit_pool(self, pool: str, ents: Entitlements, usage: Usage, free: Resources) -> Decision:
-        queue = self._waiting(pool)
+    def _admit_pool(
+        self,
+        pool: str,
+        queue: list[Waiting],
+        ents: Entitlements,
+        usage: Usage,
+        free: Resources,
+    ) -> Decision:
         if not self._tree.is_leaf(pool):
             why = (
                 f"pool {pool} no longer exists"
