@@ -237,12 +237,19 @@ class _Output:
 
     def _copy(self, rank: int, src: IO[bytes], dst: IO[bytes]) -> None:
         prefix = f"[{rank}] ".encode()
+        broken = False
         with src:
+            # Read to the end even when our output is gone, so the rank never blocks writing.
             for line in iter(src.readline, b""):
+                if broken:
+                    continue
                 data = prefix + (line if line.endswith(b"\n") else line + b"\n")
                 with self._lock:
-                    dst.write(data)
-                    dst.flush()
+                    try:
+                        dst.write(data)
+                        dst.flush()
+                    except OSError:  # e.g. `peloton-run ... | head`
+                        broken = True
 
     def join(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -267,13 +274,16 @@ class Launcher:
         self._events: queue.SimpleQueue[tuple[str, int, int]] = queue.SimpleQueue()
         self._output = _Output()
 
-    def start(self, placement: Placement, argv: Sequence[str], env: Mapping[str, str]) -> None:
+    def start(
+        self, placement: Placement, argv: Sequence[str], env: Mapping[str, str], remote: bool
+    ) -> None:
         """Start one rank in its own process group, its output prefixed."""
         try:
             proc = subprocess.Popen(
                 list(argv),
                 env=dict(env),
-                stdin=subprocess.PIPE,  # ssh ranks die when this closes; local ones ignore it
+                # A remote rank is stopped when its ssh channel's stdin closes.
+                stdin=subprocess.PIPE if remote else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
@@ -382,10 +392,10 @@ def launch(
                 env = rank_env(p, size, peers, timeout, fusion_threshold) | extra
                 if is_local(p.host):
                     full = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-                    launcher.start(p, command, full)
+                    launcher.start(p, command, full, remote=False)
                 else:
                     line = remote_command(command, {"PYTHONUNBUFFERED": "1", **env}, os.getcwd())
-                    launcher.start(p, [*ssh, p.host, line], os.environ)
+                    launcher.start(p, [*ssh, p.host, line], os.environ, remote=True)
         except RunError:
             launcher.kill_all()
             raise
