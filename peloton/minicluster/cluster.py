@@ -1,0 +1,251 @@
+"""The minicluster: a local Mesos master (v1 scheduler HTTP API) with agents, in this process.
+
+from peloton.minicluster import Minicluster, AgentSpec
+
+with Minicluster(AgentSpec.uniform(2), work_dir=tmp) as mc:
+    ...  # a framework subscribes to mc.address ("127.0.0.1:PORT")
+    mc.wait_until(lambda: any(t.state == "TASK_RUNNING" for t in mc.tasks()), 10)
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from peloton.minicluster.agent import ProcessRunner, SimulatedRunner, TaskDuration
+from peloton.minicluster.http import AgentServer, MasterServer
+from peloton.minicluster.master import FrameworkView, Master, Runner, TaskView
+from peloton.minicluster.spec import AgentSpec
+from peloton.minicluster.timers import Timers
+
+log = logging.getLogger(__name__)
+
+
+class Minicluster:
+    """A Mesos 1.11-compatible master with agents that run tasks as real processes (or, with
+    ``simulated=True``, on a clock: no processes, 10,000 agents are fine).
+
+    ``port=0`` picks a free port. Real mode keeps sandboxes under ``work_dir`` (a temporary
+    directory, removed on stop, if not given). ``allocation_interval`` is how often free
+    resources are re-offered (Mesos: 1 s); ``update_retry_interval`` is the first re-send delay
+    of an unacknowledged status update (Mesos agents: 10 s, doubling).
+    """
+
+    def __init__(
+        self,
+        agents: Sequence[AgentSpec] = (),
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        work_dir: str | Path | None = None,
+        simulated: bool = False,
+        heartbeat_interval: float = 15.0,
+        allocation_interval: float = 1.0,
+        update_retry_interval: float = 10.0,
+        task_duration: TaskDuration | None = None,
+    ) -> None:
+        self._specs = list(agents)
+        self._port = port
+        self._host = host
+        self._work_dir = Path(work_dir) if work_dir is not None else None
+        self._own_work_dir = False
+        self.simulated = simulated
+        self._heartbeat = heartbeat_interval
+        self._allocation = allocation_interval
+        self._retry = update_retry_interval
+        self._task_duration = task_duration
+        self._timers: Timers | None = None
+        self._master: Master | None = None
+        self._runner: Runner | None = None
+        self._server: MasterServer | None = None
+        self._agent_servers: dict[str, AgentServer] = {}
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> Minicluster:
+        """Start the master and the agents; returns self."""
+        if self._master is not None:
+            raise RuntimeError("minicluster already started")
+        if not self.simulated and self._work_dir is None:
+            self._work_dir = Path(tempfile.mkdtemp(prefix="minicluster-"))
+            self._own_work_dir = True
+        self._timers = Timers(name="minicluster-timers")
+        master = Master(
+            self._timers,
+            heartbeat_interval=self._heartbeat,
+            allocation_interval=self._allocation,
+            update_retry_interval=self._retry,
+        )
+        self._master = master
+        runner: Runner = (
+            SimulatedRunner(master, self._task_duration)
+            if self.simulated
+            else ProcessRunner(master)
+        )
+        master.runner = self._runner = runner
+        try:
+            self._server = MasterServer(master, self._host, self._port)
+            master.port = self._port = self._server.port
+            for spec in self._specs:
+                self.add_agent(spec)
+        except BaseException:
+            self.stop()
+            raise
+        log.info(
+            "minicluster started",
+            extra={"address": self.address, "agents": len(self._specs), "sim": self.simulated},
+        )
+        return self
+
+    def stop(self) -> None:
+        """Kill every task process, stop the servers and threads. Idempotent."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        if self._runner is not None:
+            self._runner.stop()
+        if self._master is not None:
+            self._master.stop()
+        if self._server is not None:
+            self._server.stop()
+        for server in self._agent_servers.values():
+            server.stop()
+        if self._timers is not None:
+            self._timers.stop()
+        if self._own_work_dir and self._work_dir is not None:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+
+    def __enter__(self) -> Minicluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def master(self) -> Master:
+        if self._master is None:
+            raise RuntimeError("minicluster not started")
+        return self._master
+
+    @property
+    def address(self) -> str:
+        """The master's ``host:port`` (what ``--mesos-master`` takes)."""
+        return f"{self._host}:{self.master.port}"
+
+    @property
+    def work_dir(self) -> Path | None:
+        return self._work_dir
+
+    # ------------------------------------------------------------------ agents and faults
+
+    def add_agent(self, spec: AgentSpec) -> str:
+        """Register a new agent; its id."""
+        master = self.master
+        if self.simulated or self._work_dir is None:
+            return master.add_agent(spec, self._host, master.port, None).id
+        directory = self._work_dir / "agents" / spec.hostname
+        directory.mkdir(parents=True, exist_ok=True)
+        server = AgentServer(directory, self._host)
+        try:
+            agent = master.add_agent(spec, self._host, server.port, directory)
+        except BaseException:
+            server.stop()
+            raise
+        self._agent_servers[agent.id] = server
+        return agent.id
+
+    def agent_id(self, hostname: str) -> str:
+        with self.master.lock:
+            return self.master.agent_by_hostname(hostname).id
+
+    def agent_address(self, hostname: str) -> str:
+        """An agent's HTTP ``host:port`` (``/files/read`` is served there in real mode)."""
+        with self.master.lock:
+            agent = self.master.agent_by_hostname(hostname)
+            return f"{agent.ip}:{agent.port}"
+
+    def kill_agent(self, hostname: str) -> None:
+        """The agent dies: its processes are killed, its offers rescinded, its tasks become
+        UNREACHABLE (LOST to frameworks that are not partition-aware), frameworks get FAILURE."""
+        master = self.master
+        with master.lock:
+            agent = master.agent_by_hostname(hostname)
+            master.remove_agent(agent, "the agent was killed")
+        server = self._agent_servers.pop(agent.id, None)
+        if server is not None:
+            server.stop()
+
+    def drop_connections(self) -> None:
+        """Close every subscriber's event stream: frameworks must resubscribe."""
+        master = self.master
+        with master.lock:
+            for fw in master.frameworks.values():
+                if fw.subscriber is not None:
+                    fw.subscriber.close()
+
+    def restart_master(self) -> None:
+        """The master process restarts on the same port: it forgets frameworks and offers;
+        agents re-register with their tasks (and unacknowledged updates)."""
+        assert self._server is not None
+        self._server.stop()
+        self.master.restart()
+        self._server = MasterServer(self.master, self._host, self.master.port)
+
+    def rescind_offers(self) -> None:
+        """Rescind every outstanding offer."""
+        self.master.rescind_all()
+
+    # ------------------------------------------------------------------ views
+
+    def tasks(self) -> list[TaskView]:
+        """Every task the agents run or ran (completed ones last)."""
+        return self.master.task_views()
+
+    def task(self, task_id: str) -> TaskView:
+        """The newest view of one task; KeyError if unknown."""
+        for view in self.tasks():
+            if view.task_id == task_id:
+                return view
+        raise KeyError(f"no task {task_id}")
+
+    def frameworks(self) -> list[FrameworkView]:
+        return self.master.framework_views()
+
+    def wait_until(self, predicate: Callable[[], object], timeout: float) -> None:
+        """Return once ``predicate()`` is true; TimeoutError (with the tasks and frameworks last
+        seen) after ``timeout`` seconds. Woken by every change in the cluster."""
+        master = self.master
+        deadline = time.monotonic() + timeout
+        while True:
+            with master.lock:
+                generation = master.generation
+            if predicate():
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"condition not met within {timeout:g}s; {self._summary()}")
+            with master.changed:
+                if master.generation == generation:
+                    # Changes outside the master (file contents) are seen within 0.1 s.
+                    master.changed.wait(min(remaining, 0.1))
+
+    def _summary(self) -> str:
+        tasks = ", ".join(f"{t.task_id}={t.state}@{t.hostname}" for t in self.tasks()[:20])
+        fws = ", ".join(
+            f"{f.id}({'connected' if f.connected else 'disconnected'})" for f in self.frameworks()
+        )
+        return f"tasks: [{tasks}]; frameworks: [{fws}]"

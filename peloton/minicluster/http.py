@@ -1,0 +1,432 @@
+"""HTTP for the minicluster: the master's v1 scheduler endpoint and the agents' ``/files/read``.
+
+Status codes and messages follow Mesos 1.11's ``master/http.cpp`` and ``files/files.cpp``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import select
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from peloton.minicluster.master import KNOWN_CALLS, VERSION, CallError, Master, check_uuid
+from peloton.minicluster.model import Subscriber
+from peloton.minicluster.recordio import encode_event
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_PATHS = ("/api/v1/scheduler", "/master/api/v1/scheduler")
+# How often a stream writer looks for a peer that went away while nothing was to be written.
+_PEER_CHECK = 0.25
+# /files/read without a length: Mesos reads 16 pages.
+_DEFAULT_READ = 16 * 4096
+
+# Per call type, the field Mesos requires (``Expecting 'accept' to be present``).
+_REQUIRED_BODY = {
+    "SUBSCRIBE": "subscribe",
+    "ACCEPT": "accept",
+    "DECLINE": "decline",
+    "KILL": "kill",
+    "SHUTDOWN": "shutdown",
+    "ACKNOWLEDGE": "acknowledge",
+    "RECONCILE": "reconcile",
+    "MESSAGE": "message",
+    "REQUEST": "request",
+}
+
+
+def validate_call(call: Any) -> dict[str, Any]:
+    """The call if it is well formed, else CallError 400 with Mesos's kind of message."""
+    if not isinstance(call, dict):
+        raise CallError(400, "Failed to parse body into Call protobuf: expected a JSON object")
+    kind = call.get("type")
+    if kind is None:
+        raise CallError(400, "Failed to validate scheduler::Call: Expecting 'type' to be present")
+    if kind not in KNOWN_CALLS:
+        raise CallError(
+            400,
+            f"Failed to parse body into Call protobuf: Failed to convert JSON into Call "
+            f"protobuf: Failed to find enum for '{kind}'",
+        )
+    body_field = _REQUIRED_BODY.get(kind)
+    if body_field is not None and not isinstance(call.get(body_field), dict):
+        raise CallError(
+            400, f"Failed to validate scheduler::Call: Expecting '{body_field}' to be present"
+        )
+    if kind == "SUBSCRIBE":
+        _validate_subscribe(call)
+    elif not isinstance(call.get("framework_id"), dict) or not call["framework_id"].get("value"):
+        raise CallError(
+            400, "Failed to validate scheduler::Call: Expecting 'framework_id' to be present"
+        )
+    if kind == "KILL" and not isinstance(call["kill"].get("task_id"), dict):
+        raise CallError(
+            400, "Failed to parse body into Call protobuf: Missing required fields: kill.task_id"
+        )
+    if kind == "ACKNOWLEDGE":
+        missing = [f for f in ("agent_id", "task_id", "uuid") if f not in call["acknowledge"]]
+        if missing:
+            raise CallError(
+                400,
+                "Failed to parse body into Call protobuf: Missing required fields: "
+                + ", ".join(f"acknowledge.{f}" for f in missing),
+            )
+        check_uuid(call["acknowledge"]["uuid"])
+    return call
+
+
+def _validate_subscribe(call: dict[str, Any]) -> None:
+    info = call["subscribe"].get("framework_info")
+    if not isinstance(info, dict):
+        raise CallError(
+            400,
+            "Failed to parse body into Call protobuf: Missing required fields: "
+            "subscribe.framework_info",
+        )
+    missing = [f for f in ("user", "name") if not isinstance(info.get(f), str)]
+    if missing:
+        raise CallError(
+            400,
+            "Failed to parse body into Call protobuf: Missing required fields: "
+            + ", ".join(f"subscribe.framework_info.{f}" for f in missing),
+        )
+    fid = call.get("framework_id")
+    info_id = info.get("id")
+    if fid is not None and (not isinstance(info_id, dict) or info_id != fid):
+        raise CallError(
+            400,
+            "Failed to validate scheduler::Call: 'framework_id' differs from "
+            "'subscribe.framework_info.id'",
+        )
+    timeout = info.get("failover_timeout", 0)
+    if not isinstance(timeout, int | float) or timeout < 0:
+        raise CallError(
+            400, "Failed to validate scheduler::Call: 'failover_timeout' must be non-negative"
+        )
+
+
+class _Server(ThreadingHTTPServer):
+    """Tracks its connections so that stopping it drops them, as a dying process would."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self.connections: set[socket.socket] = set()
+        self.conn_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.conn_lock:
+            self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.conn_lock:
+            self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_all(self) -> None:
+        self.shutdown()
+        self.server_close()
+        with self.conn_lock:
+            conns = list(self.connections)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+
+class MasterServer:
+    """The master's HTTP server on ``host:port`` (0: any free port), in a daemon thread."""
+
+    def __init__(self, master: Master, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.master = master
+        handler = type("MasterHandler", (_MasterHandler,), {"master": master})
+        self._server = _Server((host, port), handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.close_all()
+        self._thread.join(timeout=5)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "minicluster"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http %s", format % args)
+
+    def _reply(
+        self,
+        status: int,
+        body: bytes = b"",
+        content_type: str = "text/plain; charset=utf-8",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.send_response(status)
+        if body:
+            self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, data: Any) -> None:
+        self._reply(200, json.dumps(data).encode("utf-8"), "application/json")
+
+
+class _MasterHandler(_Handler):
+    master: Master
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path in ("/version", "/master/version"):
+            self._json(version_json())
+        elif path in ("/master/state", "/state", "/master/state.json"):
+            self._json(self.master.state_json())
+        elif path in ("/master/redirect", "/redirect"):
+            # A single master leads: point at itself, as a leading master's redirect does.
+            location = f"//127.0.0.1:{self.master.port}"
+            self._reply(307, headers={"Location": location})
+        elif path in ("/health", "/master/health"):
+            self._reply(200)
+        elif path in SCHEDULER_PATHS:
+            self._reply(405, b"Expecting 'POST', received 'GET'", headers={"Allow": "POST"})
+        else:
+            self._reply(404)
+
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length > 0 else b""
+        if path not in SCHEDULER_PATHS:
+            self._reply(404)
+            return
+        try:
+            call = self._parse(body)
+            if call["type"] == "SUBSCRIBE":
+                if self.headers.get("Mesos-Stream-Id"):
+                    raise CallError(
+                        400, "Subscribe calls should not include the 'Mesos-Stream-Id' header"
+                    )
+                sub, _ = self.master.subscribe(call)
+                self._stream(sub)
+                return
+            self.master.call(call, self.headers.get("Mesos-Stream-Id"))
+        except CallError as exc:
+            self._reply(exc.status, exc.message.encode("utf-8"))
+            return
+        self._reply(202)
+
+    def _parse(self, body: bytes) -> dict[str, Any]:
+        ctype = self.headers.get("Content-Type")
+        if not ctype:
+            raise CallError(400, "Expecting 'Content-Type' to be present")
+        media = ctype.split(";")[0].strip().lower()
+        if media == "application/x-protobuf":
+            raise CallError(
+                415, "This minicluster speaks JSON only: use 'Content-Type: application/json'"
+            )
+        if media != "application/json":
+            raise CallError(
+                415, "Expecting 'Content-Type' of application/json or application/x-protobuf"
+            )
+        accept = self.headers.get("Accept")
+        if accept and not _accepts_json(accept):
+            raise CallError(
+                406, "Expecting 'Accept' to allow application/json or application/x-protobuf"
+            )
+        try:
+            call = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise CallError(400, f"Failed to parse body into JSON: {exc}") from None
+        return validate_call(call)
+
+    def _stream(self, sub: Subscriber) -> None:
+        """Answer SUBSCRIBE: a chunked RecordIO stream of events until either side ends it."""
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Mesos-Stream-Id", sub.stream_id)
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        interval = self.master.heartbeat_interval
+        next_beat = time.monotonic() + interval
+        try:
+            while True:
+                records, done = _drain(
+                    sub, min(_PEER_CHECK, max(0.0, next_beat - time.monotonic()))
+                )
+                if time.monotonic() >= next_beat:
+                    records.append(encode_event({"type": "HEARTBEAT"}))
+                    next_beat = time.monotonic() + interval
+                if records:
+                    data = b"".join(records)
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                if done:
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                    break
+                if _peer_closed(self.connection):
+                    break
+        except OSError:
+            pass
+        finally:
+            self.master.disconnected(sub)
+
+
+def _drain(sub: Subscriber, timeout: float) -> tuple[list[bytes], bool]:
+    """The records waiting (after up to ``timeout`` for the first); True if the stream ends."""
+    out: list[bytes] = []
+    try:
+        item = sub.queue.get(timeout=timeout)
+    except queue.Empty:
+        return out, False
+    while True:
+        if item is None:
+            return out, True
+        out.append(item)
+        if len(out) >= 256:
+            return out, False
+        try:
+            item = sub.queue.get_nowait()
+        except queue.Empty:
+            return out, False
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
+def _accepts_json(accept: str) -> bool:
+    for part in accept.split(","):
+        media = part.split(";")[0].strip().lower()
+        if media in ("application/json", "application/*", "*/*", "application/x-protobuf"):
+            return True
+    return False
+
+
+def version_json() -> dict[str, Any]:
+    """What ``GET /version`` answers (the shape of Mesos's)."""
+    return {
+        "build_date": "2021-06-04 18:43:12",
+        "build_time": 1622832192.0,
+        "build_user": "minicluster",
+        "git_sha": "minicluster",
+        "git_tag": VERSION,
+        "version": VERSION,
+    }
+
+
+class AgentServer:
+    """An agent's HTTP server: ``/files/read`` over its work directory (``/frameworks/...``
+    virtual paths, as Mesos attaches executor sandboxes), and ``/health``."""
+
+    def __init__(self, directory: Path, host: str = "127.0.0.1") -> None:
+        self.directory = directory
+        handler = type("AgentHandler", (_AgentHandler,), {"root": directory})
+        self._server = _Server((host, 0), handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.close_all()
+        self._thread.join(timeout=5)
+
+
+class _AgentHandler(_Handler):
+    root: Path
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        if url.path in ("/health", "/slave(1)/health"):
+            self._reply(200)
+            return
+        if url.path != "/files/read":
+            self._reply(404)
+            return
+        try:
+            self._json(read_sandbox_file(self.root, parse_qs(url.query)))
+        except FileReadError as exc:
+            self._reply(exc.status, exc.message.encode("utf-8"))
+
+
+class FileReadError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def read_sandbox_file(root: Path, query: dict[str, list[str]]) -> dict[str, Any]:
+    """Mesos's ``/files/read``: ``{"data", "offset"}``; ``offset=-1`` gives the file's size."""
+    path = (query.get("path") or [""])[0]
+    if not path:
+        raise FileReadError(400, "Expecting 'path=value' in query.")
+    offset = _int_param(query, "offset", -1)
+    length = _int_param(query, "length", _DEFAULT_READ)
+    if length < 0:
+        raise FileReadError(400, f"Negative length provided: {length}.")
+    target = _resolve(root, path)
+    if target.is_dir():
+        raise FileReadError(400, "Cannot read a directory.")
+    try:
+        with open(target, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if offset < 0:
+                return {"data": "", "offset": size}
+            f.seek(offset)
+            data = f.read(length)
+    except FileNotFoundError:
+        raise FileReadError(404, "No such file or directory.") from None
+    except OSError as exc:
+        raise FileReadError(500, f"Failed to read file: {exc.strerror}") from None
+    return {"data": data.decode("utf-8", errors="replace"), "offset": offset}
+
+
+def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:
+    raw = (query.get(name) or [""])[0]
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise FileReadError(400, f"Failed to parse {name}: '{raw}' is not a number") from None
+
+
+def _resolve(root: Path, path: str) -> Path:
+    base = root.resolve()
+    raw = Path(path)
+    candidate = (
+        raw if raw.is_absolute() and str(raw).startswith(str(base)) else base / path.lstrip("/")
+    )
+    target = candidate.resolve()
+    if target != base and base not in target.parents:
+        raise FileReadError(404, "No such file or directory.")
+    if not target.exists():
+        raise FileReadError(404, "No such file or directory.")
+    return target

@@ -1,0 +1,197 @@
+"""The minicluster's in-memory objects: agents, executors, tasks, frameworks, offers, subscribers.
+
+Agents own their executors and tasks (and each task's status update stream, as a Mesos agent's
+status update manager does): they survive a master restart. Frameworks, offers and filters are the
+master's and are lost with it.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from peloton.minicluster.resources import ResourceSet
+from peloton.minicluster.spec import AgentSpec
+from peloton.minicluster.timers import Timer
+
+TERMINAL_STATES = frozenset(
+    {
+        "TASK_FINISHED",
+        "TASK_FAILED",
+        "TASK_KILLED",
+        "TASK_ERROR",
+        "TASK_LOST",
+        "TASK_DROPPED",
+        "TASK_GONE",
+        "TASK_GONE_BY_OPERATOR",
+    }
+)
+
+
+class Subscriber:
+    """One SUBSCRIBE connection: events put here are written to it by its HTTP handler thread.
+
+    ``None`` in the queue means: end the stream.
+    """
+
+    def __init__(self, stream_id: str) -> None:
+        self.stream_id = stream_id
+        self.queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.closed = False
+
+    def send(self, record: bytes) -> None:
+        if not self.closed:
+            self.queue.put(record)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.queue.put(None)
+
+
+@dataclass
+class Filter:
+    """A DECLINE/ACCEPT refuse filter: don't re-offer these resources of one agent until then."""
+
+    resources: ResourceSet
+    until: float
+
+
+@dataclass(eq=False)
+class Framework:
+    """A subscribed (or disconnected, within failover) framework."""
+
+    id: str
+    info: dict[str, Any]
+    subscriber: Subscriber | None = None
+    suppressed: set[str] = field(default_factory=set)
+    filters: dict[str, Filter] = field(default_factory=dict)  # by agent id
+    offers: set[str] = field(default_factory=set)
+    failover_timer: Timer | None = None
+    # Known only from the tasks agents reported after a master restart; no info until it
+    # resubscribes.
+    recovered: bool = False
+
+    @property
+    def connected(self) -> bool:
+        return self.subscriber is not None and not self.subscriber.closed
+
+    @property
+    def name(self) -> str:
+        return str(self.info.get("name", ""))
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        caps = self.info.get("capabilities") or []
+        return frozenset(c.get("type", "") for c in caps if isinstance(c, dict))
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        if "MULTI_ROLE" in self.capabilities:
+            return tuple(self.info.get("roles") or ()) or ("*",)
+        return (str(self.info.get("role") or "*"),)
+
+    @property
+    def partition_aware(self) -> bool:
+        return "PARTITION_AWARE" in self.capabilities
+
+    @property
+    def failover_timeout(self) -> float:
+        value = self.info.get("failover_timeout", 0.0)
+        return float(value) if isinstance(value, int | float) else 0.0
+
+    def send(self, record: bytes) -> None:
+        if self.subscriber is not None:
+            self.subscriber.send(record)
+
+
+@dataclass(eq=False)
+class Offer:
+    id: str
+    framework_id: str
+    agent_id: str
+    resources: ResourceSet
+
+
+@dataclass(eq=False)
+class Executor:
+    """An executor on an agent: the DEFAULT executor of a task group, or a command task's own."""
+
+    executor_id: str
+    framework_id: str
+    resources: ResourceSet
+    run_id: str
+    directory: Path | None
+    group: bool
+    tasks: dict[str, Task] = field(default_factory=dict)
+    # Set when one of its tasks failed or was killed: the others are being killed because of it.
+    killing_cause: str = ""
+
+
+@dataclass(eq=False)
+class Task:
+    """A launched task, owned by its agent."""
+
+    task_id: str
+    framework_id: str
+    agent_id: str
+    executor: Executor
+    info: dict[str, Any]
+    resources: ResourceSet
+    gpus: tuple[int, ...] = ()
+    state: str = "TASK_STAGING"
+    status: dict[str, Any] = field(default_factory=dict)  # latest status, as sent
+    killing: bool = False
+    kill_cause: str = ""  # why it is being killed when its group takes it down
+    # Its agent was killed: the process is gone and nothing more is reported.
+    abandoned: bool = False
+    kill_timer: Timer | None = None
+    handle: Any = None  # the runner's (a Popen, a simulated timer)
+    pid: int | None = None
+    sandbox: Path | None = None
+    # The status update stream: updates not yet acknowledged; the head has been sent.
+    updates: deque[dict[str, Any]] = field(default_factory=deque)
+    last_sent: float = 0.0
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(eq=False)
+class Agent:
+    """A Mesos agent: resources, attributes, executors and tasks, and its HTTP address."""
+
+    id: str
+    spec: AgentSpec
+    total: ResourceSet
+    attributes: list[dict[str, Any]]
+    ip: str
+    port: int
+    path: str  # the libprocess id in offer urls, "/slave(1)"
+    directory: Path | None
+    used: ResourceSet = field(default_factory=ResourceSet)
+    offered: ResourceSet = field(default_factory=ResourceSet)
+    free: ResourceSet = field(default_factory=ResourceSet)  # total - used - offered, kept current
+    gpus_free: list[int] = field(default_factory=list)
+    executors: dict[tuple[str, str], Executor] = field(default_factory=dict)
+    tasks: dict[tuple[str, str], Task] = field(default_factory=dict)
+    server: Any = None  # its /files HTTP server in real mode
+
+    @property
+    def hostname(self) -> str:
+        return self.spec.hostname
+
+    def refresh(self) -> None:
+        """Recompute ``free`` after ``used`` or ``offered`` changed."""
+        self.free = self.total - self.used - self.offered
+
+    def url(self) -> dict[str, Any]:
+        return {
+            "scheme": "http",
+            "address": {"hostname": self.hostname, "ip": self.ip, "port": self.port},
+            "path": self.path,
+        }

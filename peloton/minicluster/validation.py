@@ -1,0 +1,216 @@
+"""Validation of LAUNCH and LAUNCH_GROUP operations, as a Mesos 1.x master does it. Pure.
+
+A LAUNCH is judged task by task (a bad task gets TASK_ERROR, the rest launch); a LAUNCH_GROUP is
+all or nothing (every task of a bad group gets TASK_ERROR with REASON_TASK_GROUP_INVALID).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from peloton.minicluster.resources import ResourceSet, from_json
+
+# The default executor runs its tasks in nested containers and needs all three (a real master
+# rejects a DEFAULT executor without disk).
+EXECUTOR_REQUIRED = ("cpus", "mem", "disk")
+
+
+class Invalid(Exception):
+    """An operation or task is invalid; the message is what the TASK_ERROR update says."""
+
+
+@dataclass
+class Planned:
+    """A task that passed validation, with what it uses."""
+
+    info: dict[str, Any]
+    task_id: str
+    resources: ResourceSet
+
+
+@dataclass
+class PlannedGroup:
+    """A valid LAUNCH_GROUP: the executor (and what it adds, empty if already running)."""
+
+    executor: dict[str, Any]
+    executor_id: str
+    executor_resources: ResourceSet
+    tasks: list[Planned] = field(default_factory=list)
+
+
+def task_ids_of(infos: Sequence[Any]) -> list[str]:
+    """The task ids of (possibly malformed) TaskInfos, for the TASK_ERROR updates."""
+    out = []
+    for info in infos:
+        tid = info.get("task_id", {}) if isinstance(info, dict) else {}
+        value = tid.get("value") if isinstance(tid, dict) else None
+        if isinstance(value, str) and value:
+            out.append(value)
+    return out
+
+
+def _task_id(info: Any) -> str:
+    if not isinstance(info, dict):
+        raise Invalid("TaskInfo must be an object")
+    tid = info.get("task_id")
+    value = tid.get("value") if isinstance(tid, dict) else None
+    if not isinstance(value, str) or not value:
+        raise Invalid("Task is missing 'task_id.value'")
+    if "/" in value or value in (".", ".."):
+        raise Invalid(f"Task ID '{value}' contains invalid characters")
+    return value
+
+
+def _check_task(
+    info: dict[str, Any], task_id: str, agent_id: str, in_use: Callable[[str], bool]
+) -> ResourceSet:
+    if not isinstance(info.get("name"), str):
+        raise Invalid(f"Task '{task_id}' is missing the required field 'name'")
+    if in_use(task_id):
+        raise Invalid(f"Task has duplicate ID: {task_id}")
+    given = info.get("agent_id", {})
+    if not isinstance(given, dict) or given.get("value") != agent_id:
+        raise Invalid(
+            f"Task uses invalid agent: {given.get('value') if isinstance(given, dict) else given}"
+        )
+    try:
+        return from_json(info.get("resources", []), "resources")
+    except ValueError as exc:
+        raise Invalid(f"Task '{task_id}' has invalid resources: {exc}") from None
+
+
+def _check_command(info: dict[str, Any], task_id: str) -> None:
+    command = info.get("command")
+    if not isinstance(command, dict):
+        raise Invalid(f"Task '{task_id}' has no CommandInfo")
+    shell = command.get("shell", True)
+    if not isinstance(command.get("value", ""), str) or (shell and not command.get("value")):
+        raise Invalid(f"Task '{task_id}': a shell command needs 'command.value'")
+    if not shell and not command.get("value"):
+        raise Invalid(f"Task '{task_id}': 'command.value' (the program) is required")
+
+
+def plan_launch(
+    infos: Any,
+    agent_id: str,
+    remaining: ResourceSet,
+    in_use: Callable[[str], bool],
+) -> tuple[list[Planned], list[tuple[str, str]], ResourceSet]:
+    """(valid tasks, [(task id, error)] for invalid ones, remaining resources) of a LAUNCH.
+
+    Command tasks only (a custom executor is not supported here and is reported as invalid).
+    """
+    planned: list[Planned] = []
+    errors: list[tuple[str, str]] = []
+    if not isinstance(infos, list):
+        return [], [], remaining
+    seen: set[str] = set()
+    for info in infos:
+        try:
+            task_id = _task_id(info)
+        except Invalid:
+            continue  # nobody to tell: no task id
+        try:
+            res = _check_task(info, task_id, agent_id, lambda t: in_use(t) or t in seen)
+            if "executor" in info and "command" in info:
+                raise Invalid(
+                    "Task should have at least one (but not both) of CommandInfo or "
+                    "ExecutorInfo present"
+                )
+            if "executor" in info:
+                raise Invalid("Custom executors are not supported by the minicluster")
+            _check_command(info, task_id)
+            if res.is_empty():
+                raise Invalid(f"Task '{task_id}' uses no resources")
+            if not remaining.contains(res):
+                raise Invalid(
+                    f"Task uses more resources {res} than available {remaining}: "
+                    + ", ".join(remaining.missing(res))
+                )
+        except Invalid as exc:
+            errors.append((task_id, str(exc)))
+            seen.add(task_id)
+            continue
+        seen.add(task_id)
+        remaining = remaining - res
+        planned.append(Planned(info, task_id, res))
+    return planned, errors, remaining
+
+
+def plan_group(
+    launch_group: Any,
+    framework_id: str,
+    agent_id: str,
+    remaining: ResourceSet,
+    in_use: Callable[[str], bool],
+    executor_running: Callable[[str], bool],
+) -> PlannedGroup:
+    """The plan of a valid LAUNCH_GROUP; raises Invalid with the reason otherwise."""
+    if not isinstance(launch_group, dict):
+        raise Invalid("Expecting 'launch_group' to be present")
+    executor = launch_group.get("executor")
+    group = launch_group.get("task_group")
+    tasks = group.get("tasks") if isinstance(group, dict) else None
+    if not isinstance(tasks, list) or not tasks:
+        raise Invalid("Task group must have at least one task")
+    executor_id, exec_res = _check_executor(executor, framework_id, executor_running)
+    assert isinstance(executor, dict)
+    plan = PlannedGroup(executor, executor_id, exec_res)
+    seen: set[str] = set()
+    total = exec_res
+    for info in tasks:
+        task_id = _task_id(info)
+        if task_id in seen:
+            raise Invalid(f"Duplicate task '{task_id}' in the task group")
+        seen.add(task_id)
+        res = _check_task(info, task_id, agent_id, in_use)
+        if "executor" in info:
+            raise Invalid(f"Task '{task_id}' in a task group must not set 'executor'")
+        _check_command(info, task_id)
+        total = total + res
+        plan.tasks.append(Planned(info, task_id, res))
+    if not remaining.contains(total):
+        raise Invalid(
+            f"Task group uses more resources {total} than available {remaining}: "
+            + ", ".join(remaining.missing(total))
+        )
+    return plan
+
+
+def _check_executor(
+    executor: Any, framework_id: str, executor_running: Callable[[str], bool]
+) -> tuple[str, ResourceSet]:
+    if not isinstance(executor, dict):
+        raise Invalid("Expecting 'launch_group.executor' to be present")
+    eid = executor.get("executor_id", {})
+    executor_id = eid.get("value") if isinstance(eid, dict) else None
+    if not isinstance(executor_id, str) or not executor_id or "/" in executor_id:
+        raise Invalid("Executor is missing a valid 'executor_id.value'")
+    if executor.get("type") != "DEFAULT":
+        raise Invalid(
+            f"Executor '{executor_id}': 'type' must be 'DEFAULT' for a task group "
+            f"(got {executor.get('type', 'UNKNOWN')})"
+        )
+    if "command" in executor:
+        raise Invalid(f"Executor '{executor_id}': 'command' must not be set for 'DEFAULT'")
+    fid = executor.get("framework_id", {})
+    if isinstance(fid, dict) and fid and fid.get("value") != framework_id:
+        raise Invalid(
+            f"ExecutorInfo has an invalid FrameworkID (Actual: {fid.get('value')} vs "
+            f"Expected: {framework_id})"
+        )
+    try:
+        res = from_json(executor.get("resources", []), "executor.resources")
+    except ValueError as exc:
+        raise Invalid(f"Executor '{executor_id}' has invalid resources: {exc}") from None
+    if executor_running(executor_id):
+        return executor_id, ResourceSet()  # the running executor already holds its own
+    missing = [name for name in EXECUTOR_REQUIRED if res.scalar(name) <= 0]
+    if missing:
+        raise Invalid(
+            f"Executor '{executor_id}' must declare 'cpus', 'mem' and 'disk' resources "
+            f"(missing: {', '.join(missing)})"
+        )
+    return executor_id, res
