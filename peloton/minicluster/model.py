@@ -179,7 +179,8 @@ class Agent:
     gpus_free: list[int] = field(default_factory=list)
     executors: dict[tuple[str, str], Executor] = field(default_factory=dict)
     tasks: dict[tuple[str, str], Task] = field(default_factory=dict)
-    server: Any = None  # its /files HTTP server in real mode
+    # The parts of its offers' JSON that don't change (hostname, url, attributes), pre-encoded.
+    offer_json: str = ""
 
     @property
     def hostname(self) -> str:
@@ -187,7 +188,10 @@ class Agent:
 
     def refresh(self) -> None:
         """Recompute ``free`` after ``used`` or ``offered`` changed."""
-        self.free = self.total - self.used - self.offered
+        if self.used.is_empty() and self.offered.is_empty():
+            self.free = self.total
+        else:
+            self.free = self.total - self.used - self.offered
 
     def url(self) -> dict[str, Any]:
         return {

@@ -79,6 +79,9 @@ class ResourceSet:
         rg = {k: normalize_ranges(v) for k, v in (ranges or {}).items()}
         return ResourceSet(sc, {k: v for k, v in rg.items() if v})
 
+    def __hash__(self) -> int:
+        return hash((frozenset(self.scalars.items()), frozenset(self.ranges.items())))
+
     def scalar(self, name: str) -> float:
         """The amount of scalar ``name`` (0 if absent)."""
         return self.scalars.get(name, 0.0)
@@ -87,25 +90,44 @@ class ResourceSet:
         return not self.scalars and not self.ranges
 
     def __add__(self, other: ResourceSet) -> ResourceSet:
+        # Fast paths matter: the master adds and subtracts per offer, 10,000 agents at a time.
+        if other.is_empty():
+            return self
+        if self.is_empty():
+            return other
         scalars = dict(self.scalars)
-        for k, v in other.scalars.items():
-            scalars[k] = scalars.get(k, 0.0) + v
-        ranges = {k: list(v) for k, v in self.ranges.items()}
-        for name, more in other.ranges.items():
-            ranges.setdefault(name, []).extend(more)
-        return ResourceSet.of(scalars, ranges)
+        for name, value in other.scalars.items():
+            _put(scalars, name, scalars.get(name, 0.0) + value)
+        ranges = self.ranges
+        if other.ranges:
+            ranges = dict(self.ranges)
+            for name, more in other.ranges.items():
+                ranges[name] = normalize_ranges((*ranges.get(name, ()), *more))
+        return ResourceSet(scalars, ranges)
 
     def __sub__(self, other: ResourceSet) -> ResourceSet:
         """The difference; raises ValueError if ``other`` is not contained (a bookkeeping bug)."""
-        if not self.contains(other):
-            raise ValueError(f"cannot subtract {other} from {self}")
+        if other.is_empty():
+            return self
         scalars = dict(self.scalars)
-        for k, v in other.scalars.items():
-            scalars[k] = scalars[k] - v
-        ranges = dict(self.ranges)
-        for name, less in other.ranges.items():
-            ranges[name] = subtract_ranges(ranges[name], less)
-        return ResourceSet.of(scalars, ranges)
+        for name, value in other.scalars.items():
+            left = _fixed(scalars.get(name, 0.0) - value)
+            if left < 0:
+                raise ValueError(f"cannot subtract {other} from {self}")
+            _put(scalars, name, left)
+        ranges = self.ranges
+        if other.ranges:
+            ranges = dict(self.ranges)
+            for name, less in other.ranges.items():
+                have = ranges.get(name, ())
+                if not ranges_contain(have, less):
+                    raise ValueError(f"cannot subtract {other} from {self}")
+                rest = subtract_ranges(have, less)
+                if rest:
+                    ranges[name] = rest
+                else:
+                    ranges.pop(name, None)
+        return ResourceSet(scalars, ranges)
 
     def contains(self, other: ResourceSet) -> bool:
         """Whether this set holds at least ``other``."""
@@ -167,6 +189,14 @@ class ResourceSet:
 
 
 _ORDER = ("cpus", "gpus", "mem", "disk")
+
+
+def _put(scalars: dict[str, float], name: str, value: float) -> None:
+    value = _fixed(value)
+    if value:
+        scalars[name] = value
+    else:
+        scalars.pop(name, None)
 
 
 def _scalar_order(scalars: Mapping[str, float]) -> list[str]:
