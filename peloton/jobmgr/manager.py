@@ -369,34 +369,42 @@ class JobManager:
         with self._db.reading() as session:
             return repo.instances_in(session, job_id, states, limit=specs.MAX_INSTANCES)
 
-    def admit_pending(self, job_id: str, count: int, message: str) -> tuple[int, ...]:
-        """Move the ``count`` lowest PENDING instances of a job to READY, all or none: the
-        resource manager admitted them as one gang. Returns their instance ids (empty if the job
-        no longer has that many PENDING tasks, e.g. it was killed meanwhile)."""
+    def admit_pending(self, gangs: Sequence[tuple[str, int, str]]) -> list[tuple[int, ...]]:
+        """Admit gangs, each ``(job_id, count, message)``: move the ``count`` lowest PENDING
+        instances of the job to READY, all or none, in one transaction for all of them. Returns
+        each gang's instance ids, in order (empty for a job that no longer has that many PENDING
+        tasks, e.g. it was killed meanwhile)."""
+        admitted: list[tuple[int, ...]] = []
         with self._db.writing() as session:
-            row = self._lock(session, job_id)
-            ids = repo.instances_in(session, job_id, {TaskState.PENDING}, limit=count)
-            if Goal(row.goal) == Goal.KILL or len(ids) < count:
-                return ()
-            now = self._clock()
-            counts = repo.counts_of(row)
-            moved = repo.bulk_transition(
-                session,
-                job_id,
-                {TaskState.PENDING},
-                TaskState.READY,
-                now=now,
-                reason="admitted",
-                message=message,
-                goal=Goal.RUN,
-                ended=False,
-                instances=ids,
-            )
-            _shift(counts, moved, TaskState.READY)
-            self._derive(session, row, now, counts)
-            if JobState(row.state) == JobState.PENDING:
-                repo.update_job(session, row, reason="admitted", message=message, updated_at=now)
-        self._after_commit((), 0, job_id)
+            for job_id, count, message in gangs:
+                admitted.append(self._admit(session, job_id, count, message))
+        for job_id in dict.fromkeys(job_id for job_id, _, _ in gangs):
+            self._after_commit((), 0, job_id)
+        return admitted
+
+    def _admit(self, session: Session, job_id: str, count: int, message: str) -> tuple[int, ...]:
+        row = self._lock(session, job_id)
+        ids = repo.instances_in(session, job_id, {TaskState.PENDING}, limit=count)
+        if Goal(row.goal) == Goal.KILL or len(ids) < count:
+            return ()
+        now = self._clock()
+        counts = repo.counts_of(row)
+        moved = repo.bulk_transition(
+            session,
+            job_id,
+            {TaskState.PENDING},
+            TaskState.READY,
+            now=now,
+            reason="admitted",
+            message=message,
+            goal=Goal.RUN,
+            ended=False,
+            instances=ids,
+        )
+        _shift(counts, moved, TaskState.READY)
+        self._derive(session, row, now, counts)
+        if JobState(row.state) == JobState.PENDING:
+            repo.update_job(session, row, reason="admitted", message=message, updated_at=now)
         return ids
 
     def set_pending_reason(self, job_id: str, reason: str, message: str) -> None:

@@ -323,6 +323,7 @@ class ResourceManager:
                 decision = self._admit_pool(pool, queues[pool], ents, usage, free)
                 decisions[pool] = decision
                 free = decision.cluster_free
+            self._admit([(pool, g) for pool, d in decisions.items() for g in d.admitted])
             usage = Usage.of(self._views.values())
             starved_now: set[str] = set()
             for pool, decision in decisions.items():
@@ -455,8 +456,6 @@ class ResourceManager:
             free,
             self._capacity,
         )
-        for gang in decision.admitted:
-            self._admit(gang, pool)
         for key, (_, message) in decision.infeasible.items():
             self._fail(key, message)
         for key, reason in decision.pending.items():
@@ -465,14 +464,22 @@ class ResourceManager:
                 self._jobs.set_pending_reason(key, *reason)
         return decision
 
-    def _admit(self, gang: Waiting, pool: str) -> None:
-        view = self._views.get(gang.key)
-        if view is None:
+    def _admit(self, gangs: Sequence[tuple[str, Waiting]]) -> None:
+        """Write the cycle's admissions (one transaction) and hand the gangs to placement."""
+        if not gangs:
             return
-        message = f"admitted in pool {pool}: {describe(gang.total)}"
-        ids = self._jobs.admit_pending(gang.key, gang.size, message)
-        if not ids:
-            return
+        messages = [f"admitted in pool {pool}: {describe(g.total)}" for pool, g in gangs]
+        results = self._jobs.admit_pending(
+            [(g.key, g.size, m) for (_, g), m in zip(gangs, messages, strict=True)]
+        )
+        for (pool, gang), ids, message in zip(gangs, results, messages, strict=True):
+            view = self._views.get(gang.key)
+            if ids and view is not None:
+                self._admitted_now(view, gang, pool, ids, message)
+
+    def _admitted_now(
+        self, view: JobView, gang: Waiting, pool: str, ids: tuple[int, ...], message: str
+    ) -> None:
         now = self._clock()
         self.metrics.admission_seconds.labels(pool).observe(max(0.0, now - view.pending_since))
         view.pending -= len(ids)
