@@ -1,0 +1,494 @@
+"""peloton's collective runtime: ring allreduce and friends for data-parallel training.
+
+Every rank of a gang runs the same script::
+
+    import numpy as np
+    import peloton.collective as pc
+
+    pc.init()                                   # from PELOTON_RANK, PELOTON_PEERS, ...
+    grad = np.ones(1000, dtype=np.float32)
+    mean = pc.allreduce(grad, op="average")     # a new array, the same on every rank
+    pc.shutdown()
+
+The work happens in C++ (:mod:`peloton.collective._core`): a background thread negotiates which
+named tensors every rank has submitted (rank 0 coordinates, so ranks may submit in any order),
+fuses small allreduces into one buffer, and runs bandwidth-optimal ring algorithms over TCP.
+A mismatch, a dead rank or a stall past the timeout raises :class:`CollectiveError` on every rank
+instead of hanging. NumPy arrays and torch CPU tensors are accepted; torch is imported only by
+the caller that passes a tensor.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from peloton.collective import _core
+from peloton.collective._core import CollectiveError
+
+__all__ = [
+    "CollectiveError",
+    "Handle",
+    "allgather",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "barrier",
+    "broadcast",
+    "broadcast_",
+    "cross_rank",
+    "cross_size",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "poll",
+    "rank",
+    "reduce_scatter",
+    "shutdown",
+    "size",
+    "synchronize",
+]
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_FUSION_THRESHOLD = 64 << 20
+
+# Wire codes shared with csrc/common.h.
+_KIND = {"allreduce": 0, "allgather": 1, "broadcast": 2, "reduce_scatter": 3, "barrier": 4}
+_OPS = {"sum": 0, "average": 1, "min": 2, "max": 3, "product": 4}
+_NUMPY_DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5}
+_TORCH_DTYPES = {
+    "torch.float32": 0,
+    "torch.float64": 1,
+    "torch.float16": 2,
+    "torch.bfloat16": 3,
+    "torch.int32": 4,
+    "torch.int64": 5,
+}
+
+
+@dataclass(frozen=True)
+class _Topology:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+_lock = threading.Lock()
+_runtime: _core.Runtime | None = None
+_topology: _Topology | None = None
+_counters: dict[str, itertools.count[int]] = {}
+
+
+# ---------------------------------------------------------------- init and topology
+
+
+def _env_int(var: str, given: int | None, default: int | None = None) -> int:
+    if given is not None:
+        return int(given)
+    raw = os.environ.get(var)
+    if raw is None or raw.strip() == "":
+        if default is None:
+            raise CollectiveError(f"{var} is not set (pass it to init() or set the variable)")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise CollectiveError(f"{var}={raw!r} is not an integer") from None
+
+
+def _env_float(var: str, given: float | None, default: float) -> float:
+    if given is not None:
+        return float(given)
+    raw = os.environ.get(var)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise CollectiveError(f"{var}={raw!r} is not a number") from None
+    if value <= 0:
+        raise CollectiveError(f"{var}={raw!r} must be positive")
+    return value
+
+
+def _parse_peers(peers: list[str] | str | None, size: int) -> tuple[list[str], list[int]]:
+    if peers is None:
+        raw = os.environ.get("PELOTON_PEERS")
+        if not raw:
+            raise CollectiveError("PELOTON_PEERS is not set (pass peers= to init() or set it)")
+        peers = raw
+    entries = [p.strip() for p in peers.split(",")] if isinstance(peers, str) else list(peers)
+    if len(entries) != size:
+        raise CollectiveError(f"PELOTON_PEERS lists {len(entries)} addresses for a gang of {size}")
+    hosts: list[str] = []
+    ports: list[int] = []
+    for i, entry in enumerate(entries):
+        host, sep, port = entry.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise CollectiveError(
+                f"PELOTON_PEERS entry {i} {entry!r} is not host:port (port 1-65535)"
+            )
+        hosts.append(host.strip("[]"))
+        ports.append(int(port))
+    return hosts, ports
+
+
+def init(
+    rank: int | None = None,
+    size: int | None = None,
+    peers: list[str] | str | None = None,
+    local_rank: int | None = None,
+    local_size: int | None = None,
+    timeout: float | None = None,
+    fusion_threshold: int | None = None,
+) -> None:
+    """Connects this rank to its gang; every argument left None comes from PELOTON_* variables.
+
+    Blocks until every rank has connected (or raises after the timeout naming the missing ranks).
+    """
+    global _runtime, _topology
+    with _lock:
+        if _runtime is not None:
+            raise CollectiveError(
+                "peloton.collective is already initialized; call shutdown() first"
+            )
+        the_size = _env_int("PELOTON_GANG_SIZE", size)
+        the_rank = _env_int("PELOTON_RANK", rank)
+        if the_size < 1:
+            raise CollectiveError(f"PELOTON_GANG_SIZE={the_size} must be at least 1")
+        if not 0 <= the_rank < the_size:
+            raise CollectiveError(f"PELOTON_RANK={the_rank} is outside a gang of {the_size}")
+        hosts, ports = _parse_peers(peers, the_size)
+        lrank = _env_int("PELOTON_LOCAL_RANK", local_rank, 0)
+        lsize = _env_int("PELOTON_LOCAL_SIZE", local_size, 1)
+        if not 0 <= lrank < lsize:
+            raise CollectiveError(
+                f"PELOTON_LOCAL_RANK={lrank} is outside PELOTON_LOCAL_SIZE={lsize}"
+            )
+        topo = _Topology(
+            rank=the_rank,
+            size=the_size,
+            local_rank=lrank,
+            local_size=lsize,
+            cross_rank=_env_int("PELOTON_CROSS_RANK", None, the_rank // lsize),
+            cross_size=_env_int("PELOTON_CROSS_SIZE", None, max(1, the_size // lsize)),
+        )
+        seconds = _env_float("PELOTON_COLLECTIVE_TIMEOUT", timeout, DEFAULT_TIMEOUT)
+        fusion = int(
+            _env_float("PELOTON_FUSION_THRESHOLD", fusion_threshold, DEFAULT_FUSION_THRESHOLD)
+        )
+        _runtime = _core.Runtime(the_rank, the_size, hosts, ports, seconds, fusion)
+        _topology = topo
+        _counters.clear()
+
+
+def shutdown() -> None:
+    """Leaves the gang cleanly (waits up to the timeout for the others); no-op if uninitialized."""
+    global _runtime, _topology
+    with _lock:
+        rt, _runtime, _topology = _runtime, None, None
+    if rt is not None:
+        rt.shutdown()
+
+
+atexit.register(shutdown)
+
+
+def is_initialized() -> bool:
+    """True between init() and shutdown()."""
+    return _runtime is not None
+
+
+def _topo() -> _Topology:
+    if _topology is None:
+        raise CollectiveError("peloton.collective is not initialized: call init() first")
+    return _topology
+
+
+def rank() -> int:
+    """This process's rank in the gang, 0 ≤ rank < size."""
+    return _topo().rank
+
+
+def size() -> int:
+    """Number of ranks in the gang."""
+    return _topo().size
+
+
+def local_rank() -> int:
+    """Rank among the processes on this host (picks the GPU)."""
+    return _topo().local_rank
+
+
+def local_size() -> int:
+    """Number of ranks on this host."""
+    return _topo().local_size
+
+
+def cross_rank() -> int:
+    """Index of this host among the gang's hosts."""
+    return _topo().cross_rank
+
+
+def cross_size() -> int:
+    """Number of hosts in the gang."""
+    return _topo().cross_size
+
+
+def _rt() -> _core.Runtime:
+    if _runtime is None:
+        raise CollectiveError("peloton.collective is not initialized: call init() first")
+    return _runtime
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def _is_torch(x: object) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+@dataclass
+class _Buf:
+    """A contiguous view of the caller's tensor: its address, dtype code, shape and byte size."""
+
+    obj: Any  # the contiguous numpy array or torch tensor the address points into
+    addr: int
+    dtype: int
+    shape: list[int]
+    nbytes: int
+
+
+def _buffer(x: Any, what: str) -> _Buf:
+    if _is_torch(x):
+        if x.is_cuda:
+            raise CollectiveError(
+                f"{what}: CUDA tensors need the NCCL path, which this build could not load"
+            )
+        code = _TORCH_DTYPES.get(str(x.dtype))
+        if code is None:
+            raise TypeError(f"{what}: unsupported torch dtype {x.dtype}")
+        t = x.contiguous()
+        return _Buf(t, int(t.data_ptr()), code, list(t.shape), t.numel() * t.element_size())
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{what}: expected a numpy array or torch tensor, got {type(x).__name__}")
+    code = _NUMPY_DTYPES.get(x.dtype.name)
+    if code is None:
+        raise TypeError(f"{what}: unsupported dtype {x.dtype}")
+    a = np.ascontiguousarray(x)
+    return _Buf(a, int(a.ctypes.data), code, list(a.shape), int(a.nbytes))
+
+
+def _empty_like(b: _Buf, shape: list[int] | None = None) -> _Buf:
+    shape = b.shape if shape is None else shape
+    if _is_torch(b.obj):
+        t = b.obj.new_empty(shape)
+        return _Buf(t, int(t.data_ptr()), b.dtype, shape, t.numel() * t.element_size())
+    a = np.empty(shape, dtype=b.obj.dtype)
+    return _Buf(a, int(a.ctypes.data), b.dtype, shape, int(a.nbytes))
+
+
+def _copy_back(dst: Any, src: Any) -> None:
+    """Writes a result into the caller's (possibly non-contiguous) tensor."""
+    if src is dst:
+        return
+    if _is_torch(dst):
+        dst.copy_(src)
+    else:
+        np.copyto(dst, src)
+
+
+def _name(kind: str, name: str | None) -> str:
+    if name is not None:
+        return str(name)
+    # Unnamed tensors get per-kind sequence numbers: every rank must submit them in one order.
+    counter = _counters.setdefault(kind, itertools.count())
+    return f"{kind}.noname.{next(counter)}"
+
+
+def _op(op: str) -> int:
+    code = _OPS.get(op)
+    if code is None:
+        raise ValueError(f"op: unknown reduction {op!r}; use one of {', '.join(_OPS)}")
+    return code
+
+
+class Handle:
+    """An operation in flight; pass it to :func:`synchronize` (or :func:`poll`)."""
+
+    def __init__(self, rt: _core.Runtime, ident: int, finish: Callable[[Any], Any], keep: Any):
+        self._rt = rt
+        self._id = ident
+        self._finish = finish
+        self._keep = keep  # the buffers C++ reads and writes, alive until synchronize
+        self._result: Any = None
+        self._done = False
+
+    def poll(self) -> bool:
+        """True once the operation completed (successfully or not)."""
+        return self._done or bool(self._rt.poll(self._id))
+
+    def wait(self) -> Any:
+        """Blocks until done and returns the result; raises CollectiveError on failure."""
+        if not self._done:
+            try:
+                out = self._rt.wait(self._id)
+                self._result = self._finish(out)
+            finally:
+                self._done = True
+                self._keep = None
+        return self._result
+
+
+def _submit(
+    kind: str,
+    name: str,
+    src: _Buf,
+    out: _Buf | None,
+    op: int,
+    root: int,
+    finish: Callable[[Any], Any],
+) -> Handle:
+    rt = _rt()
+    ident = rt.enqueue(
+        _KIND[kind],
+        name,
+        src.dtype,
+        op,
+        root,
+        src.shape,
+        src.addr,
+        out.addr if out is not None else 0,
+        src.nbytes,
+    )
+    return Handle(rt, ident, finish, (src, out))
+
+
+def allreduce_async(x: T, op: str = "average", name: str | None = None) -> Handle:
+    """Starts an allreduce of x into a new array/tensor; synchronize(handle) returns it."""
+    src = _buffer(x, "allreduce")
+    out = _empty_like(src)
+    result = out.obj
+    return _submit("allreduce", _name("allreduce", name), src, out, _op(op), 0, lambda _: result)
+
+
+def _allreduce_inplace_async(x: T, op: str, name: str | None) -> Handle:
+    src = _buffer(x, "allreduce_")
+
+    def finish(_: Any) -> T:
+        _copy_back(x, src.obj)
+        return x
+
+    return _submit("allreduce", _name("allreduce", name), src, src, _op(op), 0, finish)
+
+
+def synchronize(handle: Handle) -> Any:
+    """Waits for an async operation and returns its result (raises CollectiveError on failure)."""
+    return handle.wait()
+
+
+def poll(handle: Handle) -> bool:
+    """True once the async operation has completed."""
+    return handle.poll()
+
+
+def allreduce(x: T, op: str = "average", name: str | None = None) -> T:
+    """Reduces x element-wise across ranks (sum, average, min, max, product); returns a new one."""
+    result: T = allreduce_async(x, op=op, name=name).wait()
+    return result
+
+
+def allreduce_(x: T, op: str = "average", name: str | None = None) -> T:
+    """Like allreduce, but writes the result into x and returns x."""
+    result: T = _allreduce_inplace_async(x, op, name).wait()
+    return result
+
+
+def allgather(x: T, name: str | None = None) -> T:
+    """Concatenates every rank's x along dim 0, in rank order (first dims may differ)."""
+    src = _buffer(x, "allgather")
+    if not src.shape:
+        raise ValueError("allgather: x must have at least one dimension")
+
+    def finish(gathered: Any) -> Any:
+        shape = [int(sum(gathered.dim0s)), *src.shape[1:]]
+        raw = np.frombuffer(gathered, dtype=np.uint8)
+        if _is_torch(src.obj):
+            import torch  # the caller passed a tensor, so torch is there
+
+            return torch.from_numpy(raw.copy()).view(src.obj.dtype).reshape(shape)
+        return raw.view(src.obj.dtype).reshape(shape).copy()
+
+    handle = _submit("allgather", _name("allgather", name), src, None, 0, 0, finish)
+    result: T = handle.wait()
+    return result
+
+
+def _check_root(root_rank: int) -> int:
+    n = size()
+    if not 0 <= int(root_rank) < n:
+        raise ValueError(f"root_rank: {root_rank} is outside a gang of {n}")
+    return int(root_rank)
+
+
+def broadcast(x: T, root_rank: int, name: str | None = None) -> T:
+    """Returns a copy of root_rank's x on every rank."""
+    root = _check_root(root_rank)
+    src = _buffer(x, "broadcast")
+    out = _empty_like(src)
+    result = out.obj
+    handle = _submit("broadcast", _name("broadcast", name), src, out, 0, root, lambda _: result)
+    value: T = handle.wait()
+    return value
+
+
+def broadcast_(x: T, root_rank: int, name: str | None = None) -> T:
+    """Overwrites x with root_rank's x; returns x."""
+    root = _check_root(root_rank)
+    src = _buffer(x, "broadcast_")
+
+    def finish(_: Any) -> T:
+        _copy_back(x, src.obj)
+        return x
+
+    value: T = _submit("broadcast", _name("broadcast", name), src, src, 0, root, finish).wait()
+    return value
+
+
+def reduce_scatter(x: T, op: str = "sum", name: str | None = None) -> T:
+    """Reduces x across ranks and returns this rank's slice of dim 0.
+
+    Dim 0 is split as evenly as possible in rank order: the first ``dim0 % size`` ranks get one
+    row more.
+    """
+    src = _buffer(x, "reduce_scatter")
+    if not src.shape:
+        raise ValueError("reduce_scatter: x must have at least one dimension")
+    n, r = size(), rank()
+    rows = src.shape[0] // n + (1 if r < src.shape[0] % n else 0)
+    out = _empty_like(src, [rows, *src.shape[1:]])
+    result = out.obj
+    handle = _submit(
+        "reduce_scatter", _name("reduce_scatter", name), src, out, _op(op), 0, lambda _: result
+    )
+    value: T = handle.wait()
+    return value
+
+
+def barrier() -> None:
+    """Returns once every rank has entered the barrier."""
+    empty = _buffer(np.empty(0, dtype=np.float32), "barrier")
+    _submit("barrier", _name("barrier", None), empty, None, 0, 0, lambda _: None).wait()

@@ -1,0 +1,180 @@
+#include "net.h"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+
+namespace peloton {
+namespace {
+
+int ms_until(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return left.count() < 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30));
+}
+
+std::string errno_str(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+// Waits for `events` on fd; false when the deadline passed first.
+bool wait_fd(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, ms_until(deadline));
+    if (r > 0) return true;
+    if (r == 0) return false;
+    if (errno != EINTR) throw CollectiveError(errno_str("poll"));
+  }
+}
+
+}  // namespace
+
+int listen_on(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw CollectiveError(errno_str("socket"));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const std::string msg = "cannot listen on port " + std::to_string(port) + ": " + std::strerror(errno);
+    ::close(fd);
+    throw CollectiveError(msg);
+  }
+  if (::listen(fd, 128) != 0) {
+    ::close(fd);
+    throw CollectiveError(errno_str("listen"));
+  }
+  return fd;
+}
+
+int connect_to(const std::string& host, int port, Clock::time_point deadline, int peer) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0) {
+    throw CollectiveError("cannot resolve rank " + std::to_string(peer) + "'s host '" + host +
+                          "': " + ::gai_strerror(rc));
+  }
+  sockaddr_in addr{};
+  std::memcpy(&addr, res->ai_addr, sizeof addr);
+  ::freeaddrinfo(res);
+  std::string last = "no attempt";
+  while (Clock::now() < deadline) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw CollectiveError(errno_str("socket"));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+    last = std::strerror(errno);
+    ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the peer is not listening yet
+  }
+  throw PeerError(peer, "cannot connect to rank " + std::to_string(peer) + " at " + host + ":" +
+                            std::to_string(port) + " (" + last + ")");
+}
+
+int accept_until(int listen_fd, Clock::time_point deadline) {
+  while (wait_fd(listen_fd, POLLIN, deadline)) {
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) return fd;
+    if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) throw CollectiveError(errno_str("accept"));
+  }
+  return -1;
+}
+
+void tune_socket(int fd) {
+  const int one = 1;
+  const int buf = 4 << 20;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+void send_all(int fd, const void* buf, size_t len, Clock::time_point deadline, int peer) {
+  const char* p = static_cast<const char*>(buf);
+  while (len > 0) {
+    const ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!wait_fd(fd, POLLOUT, deadline)) {
+        throw PeerError(peer, "rank " + std::to_string(peer) + " stopped receiving (timed out)");
+      }
+      continue;
+    }
+    throw PeerError(peer, "connection to rank " + std::to_string(peer) + " lost (" + std::strerror(errno) + ")");
+  }
+}
+
+void recv_all(int fd, void* buf, size_t len, Clock::time_point deadline, int peer) {
+  char* p = static_cast<char*>(buf);
+  while (len > 0) {
+    const ssize_t n = ::recv(fd, p, len, 0);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) throw PeerError(peer, "rank " + std::to_string(peer) + " closed the connection");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (!wait_fd(fd, POLLIN, deadline)) {
+        throw PeerError(peer, "rank " + std::to_string(peer) + " sent nothing (timed out)");
+      }
+      continue;
+    }
+    throw PeerError(peer, "connection to rank " + std::to_string(peer) + " lost (" + std::strerror(errno) + ")");
+  }
+}
+
+void Reader::raw(void* p, size_t n) {
+  if (pos_ + n > buf_.size()) throw CollectiveError("malformed control message");
+  std::memcpy(p, buf_.data() + pos_, n);
+  pos_ += n;
+}
+
+void send_message(int fd, uint8_t type, const Writer& w, Clock::time_point deadline, int peer) {
+  std::vector<char> frame(5 + w.bytes().size());
+  const uint32_t len = static_cast<uint32_t>(w.bytes().size());
+  std::memcpy(frame.data(), &len, 4);
+  frame[4] = static_cast<char>(type);
+  if (!w.bytes().empty()) std::memcpy(frame.data() + 5, w.bytes().data(), w.bytes().size());
+  send_all(fd, frame.data(), frame.size(), deadline, peer);
+}
+
+bool recv_message(int fd, Message* out, Clock::time_point deadline, int peer) {
+  char head[5];
+  ssize_t n;
+  do {
+    n = ::recv(fd, head, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  if (n == 0) return false;
+  if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+    if (errno == ECONNRESET) return false;
+    throw PeerError(peer, "connection to rank " + std::to_string(peer) + " lost (" + std::strerror(errno) + ")");
+  }
+  if (n < 0) recv_all(fd, head, 1, deadline, peer);
+  recv_all(fd, head + 1, 4, deadline, peer);
+  uint32_t len;
+  std::memcpy(&len, head, 4);
+  out->type = static_cast<uint8_t>(head[4]);
+  out->payload.resize(len);
+  if (len) recv_all(fd, out->payload.data(), len, deadline, peer);
+  return true;
+}
+
+}  // namespace peloton
