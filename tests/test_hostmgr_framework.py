@@ -252,7 +252,7 @@ def test_a_gang_is_launched_as_one_group_and_updates_are_persisted_then_acked(
     master.subscribed("fw-1")
     assert hostmgr.wait_connected(10)
     job, _ = jobs.create_job(make_spec(3, gpu=1))
-    instances = jobs.admit_pending(job.id, 3, "test")
+    instances = jobs.admit_pending([(job.id, 3, "test")])[0]
     gang = Gang.of_job(job.id, job.spec, instances, datetime.now(UTC))
     source = ListSource([gang])
     launcher = Launcher(source, hostmgr, jobs)
@@ -343,7 +343,9 @@ def test_a_failed_task_takes_its_gang_down_on_every_host(
     master.subscribed("fw-1")
     assert hostmgr.wait_connected(10)
     job, _ = jobs.create_job(make_spec(2, gpu=4))
-    gang = Gang.of_job(job.id, job.spec, jobs.admit_pending(job.id, 2, "t"), datetime.now(UTC))
+    gang = Gang.of_job(
+        job.id, job.spec, jobs.admit_pending([(job.id, 2, "t")])[0], datetime.now(UTC)
+    )
     master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1", "a1", "h1")]}})
     master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o2", "a2", "h2")]}})
     wait_for(lambda: len(hostmgr.snapshot()) == 2, 10, "two offered hosts")
@@ -364,7 +366,7 @@ def test_reconciliation_asks_for_active_attempts_and_unknown_ones_become_lost(
     master: ScriptedMaster, db: Database, jobs: JobManager
 ) -> None:
     job, _ = jobs.create_job(make_spec(1))
-    jobs.admit_pending(job.id, 1, "t")
+    jobs.admit_pending([(job.id, 1, "t")])
     for state in (TaskState.PLACING, TaskState.PLACED, TaskState.LAUNCHING, TaskState.RUNNING):
         jobs.update_tasks(job.id, [TaskUpdate(0, 1, state, host="h1")])
     task_id = attempt_id(job.id, 0, 1)

@@ -72,7 +72,7 @@ def test_a_lost_agent_goes_down_and_leaves_the_capacity(db: Database) -> None:
 def test_active_attempts_are_the_launched_ones(db: Database) -> None:
     jobs = JobManager(db)
     job, _ = jobs.create_job(make_spec(2))
-    jobs.admit_pending(job.id, 2, "test")
+    jobs.admit_pending([(job.id, 2, "test")])
     for state in (TaskState.PLACING, TaskState.PLACED, TaskState.LAUNCHING):
         jobs.update_tasks(job.id, [TaskUpdate(0, 1, state)])
     assert SqlHostStore(db).active_attempts(TASK_ACTIVE) == [attempt_id(job.id, 0, 1)]
