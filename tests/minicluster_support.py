@@ -129,6 +129,7 @@ class RawScheduler:
         self.stream_id: str | None = None
         self.response_headers: dict[str, str] = {}
         self.events: list[dict[str, Any]] = []
+        self._offers: list[dict[str, Any]] = []
         self.ended = threading.Event()
         self._cond = threading.Condition()
         self._taken = 0
@@ -213,6 +214,19 @@ class RawScheduler:
 
         status: dict[str, Any] = self.take("UPDATE", timeout, match)["update"]["status"]
         return status
+
+    def offer(self, hostname: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
+        """The next offer received (of the agent ``hostname`` if given); offers of the same
+        OFFERS event are kept for later calls."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, offer in enumerate(self._offers):
+                if hostname is None or offer["hostname"] == hostname:
+                    return self._offers.pop(i)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no offer from {hostname or 'any agent'} in {timeout}s")
+            self._offers.extend(self.take("OFFERS", remaining)["offers"]["offers"])
 
     def drop(self, kind: str) -> None:
         """Forget pending events of ``kind``."""

@@ -286,14 +286,16 @@ class Master:
             for key, task in list(agent.tasks.items()):
                 task.abandoned = True
                 self.tasks.pop(key, None)
-                self._complete(task)
                 if task.terminal:
+                    self._complete(task)
                     continue
                 fw = self.frameworks.get(task.framework_id)
                 aware = fw is not None and fw.partition_aware
+                task.state = "TASK_UNREACHABLE" if aware else "TASK_LOST"
+                self._complete(task)
                 status = self._status(
                     task.task_id,
-                    "TASK_UNREACHABLE" if aware else "TASK_LOST",
+                    task.state,
                     "SOURCE_MASTER",
                     agent_id=agent.id,
                     executor_id=task.executor.executor_id,
