@@ -206,9 +206,11 @@ class ResourceManager:
 
     def set_capacity(self, total: Resources) -> None:
         """The cluster's total resources (from the host manager), whenever they change."""
-        with self._lock:
+        # Not under self._lock: the host manager calls this from its own threads, possibly
+        # holding its locks while a cycle (holding ours) asks it to kill tasks.
+        with self._wake:
             self._capacity = total
-        self._poke()
+            self._wake.notify_all()
 
     def job_changed(self, job_id: str) -> None:
         with self._wake:
@@ -225,10 +227,6 @@ class ResourceManager:
                 raise InvalidArgument(
                     "pool", f"pool {pool} has child pools; jobs run only in leaf pools"
                 )
-
-    def _poke(self) -> None:
-        with self._wake:
-            self._wake.notify_all()
 
     # ---------------------------------------------------------------- pools
 
