@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pybind11.setup_helpers import Pybind11Extension
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
 from setuptools import setup
+
+# Compile the sources in parallel (PELOTON_BUILD_JOBS, default: every core).
+ParallelCompile("PELOTON_BUILD_JOBS", default=0).install()
 
 CSRC = Path("peloton/collective/csrc")
 

@@ -110,16 +110,14 @@ def _env_int(var: str, given: int | None, default: int | None = None) -> int:
 
 
 def _env_float(var: str, given: float | None, default: float) -> float:
-    if given is not None:
-        return float(given)
-    raw = os.environ.get(var)
+    raw = str(given) if given is not None else os.environ.get(var)
     if raw is None or raw.strip() == "":
         return default
     try:
         value = float(raw)
     except ValueError:
         raise CollectiveError(f"{var}={raw!r} is not a number") from None
-    if value <= 0:
+    if not value > 0:
         raise CollectiveError(f"{var}={raw!r} must be positive")
     return value
 

@@ -266,6 +266,7 @@ std::shared_ptr<Entry> Runtime::wait(int64_t handle) {
   auto e = it->second;
   cv_.wait(lk, [&] { return e->done; });
   by_handle_.erase(handle);
+  names_in_use_.erase(e->req.name);  // a name is taken until its handle is synchronized
   if (!e->error.empty()) throw CollectiveError(e->error);
   return e;
 }
@@ -275,7 +276,6 @@ void Runtime::complete(const std::shared_ptr<Entry>& e, const std::string& error
   std::lock_guard<std::mutex> lk(mu_);
   e->error = error;
   e->done = true;
-  names_in_use_.erase(e->req.name);
   cv_.notify_all();
 }
 
