@@ -218,15 +218,15 @@ class ResourceManager:
             self._wake.notify_all()
 
     def check_pool(self, pool: str) -> None:
-        with self._lock:
-            if pool not in self._tree:
-                raise InvalidArgument(
-                    "pool", f"pool {pool} does not exist (see `peloton pool tree`)"
-                )
-            if not self._tree.is_leaf(pool):
-                raise InvalidArgument(
-                    "pool", f"pool {pool} has child pools; jobs run only in leaf pools"
-                )
+        # The tree is replaced, never changed in place: reading it needs no lock, so CreateJob
+        # does not wait for a cycle.
+        tree = self._tree
+        if pool not in tree:
+            raise InvalidArgument("pool", f"pool {pool} does not exist (see `peloton pool tree`)")
+        if not tree.is_leaf(pool):
+            raise InvalidArgument(
+                "pool", f"pool {pool} has child pools; jobs run only in leaf pools"
+            )
 
     # ---------------------------------------------------------------- pools
 
