@@ -96,8 +96,9 @@ def completion(shell: str) -> None:
 
 
 def _register() -> None:
-    from peloton.cli import db, hosts, jobs, pools, server
+    from peloton.cli import db, hosts, jobs, minicluster, pools, server
 
+    cli.add_command(minicluster.minicluster)
     cli.add_command(jobs.job)
     cli.add_command(jobs.task)
     cli.add_command(pools.pool)

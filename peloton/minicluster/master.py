@@ -342,7 +342,9 @@ class Master:
             fw.suppressed = {r for r in call["subscribe"].get("suppressed_roles") or ()}
             sub.send(self._subscribed_event(fw))
             sub.send(encode_event({"type": "HEARTBEAT"}))
-            log.info("framework subscribed", extra={"framework_id": fw.id, "name": fw.name})
+            log.info(
+                "framework subscribed", extra={"framework_id": fw.id, "framework_name": fw.name}
+            )
             self._resend_pending(fw)
             self._request_allocation()
             self._notify()

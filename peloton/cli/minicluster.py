@@ -1,0 +1,109 @@
+"""``peloton minicluster up``: a local Mesos-compatible cluster in the foreground."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from peloton.cli.main import EXIT_USAGE, CliError
+from peloton.logs import setup_logging
+from peloton.minicluster import AgentSpec, Minicluster
+from peloton.minicluster.spec import DEFAULT_ATTRIBUTES, DEFAULT_RESOURCES
+
+
+@click.group()
+def minicluster() -> None:
+    """A local cluster that speaks the Mesos v1 scheduler API (for development and tests)."""
+
+
+@minicluster.command()
+@click.option("--port", default=5050, show_default=True, help="Master port (0: any free port).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
+@click.option("--agents", "count", default=2, show_default=True, help="Number of agents.")
+@click.option(
+    "--resources", default=DEFAULT_RESOURCES, show_default=True, help="Each agent's resources."
+)
+@click.option(
+    "--attributes", default=DEFAULT_ATTRIBUTES, show_default=True, help="Each agent's attributes."
+)
+@click.option(
+    "--agents-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="YAML list of agents {hostname, resources, attributes}; replaces --agents.",
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where sandboxes go (default: a temporary directory, removed on exit).",
+)
+@click.option("--simulated", is_flag=True, help="No processes: tasks run on a clock.")
+@click.option("--heartbeat-interval", default=15.0, show_default=True, help="Seconds.")
+@click.option("--log-level", default="info", show_default=True)
+def up(
+    port: int,
+    host: str,
+    count: int,
+    resources: str,
+    attributes: str,
+    agents_file: Path | None,
+    work_dir: Path | None,
+    simulated: bool,
+    heartbeat_interval: float,
+    log_level: str,
+) -> None:
+    """Run a master with agents until SIGTERM or Ctrl-C, then kill every task and clean up.
+
+    \b
+    Examples:
+      peloton minicluster up --port 5050 --agents 4
+      peloton minicluster up --agents-file agents.yaml --work-dir /tmp/mc
+      peloton minicluster up --simulated --agents 10000
+      peloton server --mesos-master 127.0.0.1:5050
+    """
+    try:
+        agents = (
+            AgentSpec.load_file(agents_file)
+            if agents_file is not None
+            else AgentSpec.uniform(count, resources, attributes)
+        )
+    except ValueError as exc:
+        raise CliError(f"invalid: {exc}", EXIT_USAGE) from None
+    if work_dir is not None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(log_level, "text")
+    cluster = Minicluster(
+        agents,
+        port=port,
+        host=host,
+        work_dir=work_dir,
+        simulated=simulated,
+        heartbeat_interval=heartbeat_interval,
+    )
+    try:
+        cluster.start()
+    except OSError as exc:
+        raise CliError(f"cannot serve the master on {host}:{port}: {exc.strerror}") from None
+    _serve(cluster, len(agents))
+
+
+def _serve(cluster: Minicluster, agents: int) -> None:
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        mode = "simulated" if cluster.simulated else f"work dir {cluster.work_dir}"
+        click.echo(f"minicluster master at {cluster.address} with {agents} agents ({mode})")
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        cluster.stop()
+        click.echo("minicluster stopped")

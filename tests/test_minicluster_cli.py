@@ -1,0 +1,80 @@
+"""``peloton minicluster up``: serves until SIGTERM, then no task process is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from minicluster_support import RawScheduler, get, task_info
+
+
+def _up(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "peloton.cli", "minicluster", "up", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_up_serves_until_sigterm_and_cleans_up(tmp_path: Path) -> None:
+    agents = tmp_path / "agents.yaml"
+    agents.write_text(
+        "- {hostname: big, resources: 'cpus:16;mem:65536;disk:1000;gpus:8', attributes: r:9}\n"
+        "- hostname: small\n  resources: {cpus: 2, mem: 1024, disk: 100, ports: ['31000-31001']}\n"
+    )
+    proc = _up("--agents-file", str(agents), "--work-dir", str(tmp_path / "work"))
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("minicluster master at 127.0.0.1:"), line
+        address = line.split()[3]
+        _, _, body = get(address, "/master/state")
+        slaves = {s["hostname"]: s for s in json.loads(body)["slaves"]}
+        assert slaves["big"]["resources"]["gpus"] == 8 and slaves["big"]["attributes"]["r"] == 9
+        assert slaves["small"]["resources"]["ports"] == "[31000-31001]"
+
+        sched = RawScheduler(address).subscribe()
+        sched.launch_group(sched.offer("big"), [task_info("cli-task", "sleep 60")])
+        sched.ack(sched.update("cli-task", "TASK_STARTING"))
+        sched.update("cli-task", "TASK_RUNNING")
+        pid_file = next((tmp_path / "work").rglob("cli-task"))
+        assert (pid_file / "stdout").exists()
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        sleepers = [p for p in pids if _cmdline(p) == "sleep\x0060\x00"]
+        assert sleepers
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "minicluster stopped" in out
+    deadline = time.monotonic() + 5
+    while any(_cmdline(p) == "sleep\x0060\x00" for p in sleepers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in sleepers if _cmdline(p) == "sleep\x0060\x00"]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
+def test_bad_agents_are_one_line_usage_errors(tmp_path: Path) -> None:
+    proc = _up("--resources", "cpus:lots")
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2
+    assert err.strip() == "error: invalid: resource cpus: 'lots' is not a number"
+
+    bad = tmp_path / "agents.yaml"
+    bad.write_text("- {hostname: a, colour: blue}\n")
+    proc = _up("--agents-file", str(bad))
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2
+    assert err.strip() == f"error: invalid: {bad}: agents[0]: unknown key colour"
