@@ -227,25 +227,31 @@ class HostManager:
                 log.exception("ignoring malformed offer")
         self.metrics.offers_received.inc(len(offers))
         self.pool.add(offers)
+        self.metrics.offers_held.set(self.pool.held())
+        # Host records are updated on the worker, in order with the status updates that came
+        # before these offers: resources a task freed are then no longer counted as used when
+        # they show up in an offer (the total would be overestimated).
+        self._work.put(lambda: self._observe(offers))
+        self._work.put(self._after_offers)
+
+    def _observe(self, offers: Sequence[Offer]) -> None:
+        # What each host offered in this event (the pool may have moved on by now).
+        offered: dict[str, Resources] = {}
+        last: dict[str, Offer] = {}
+        for o in offers:
+            offered[o.hostname] = offered.get(o.hostname, Resources()) + o.resources
+            last[o.hostname] = o
         changed = [
             record
-            for o in {o.hostname: o for o in offers}.values()
+            for name, o in last.items()
             if (
                 record := self.hosts.observe(
-                    o.hostname,
-                    o.agent_id,
-                    self.pool.offered_on(o.hostname),
-                    o.attributes,
-                    o.agent_address,
+                    name, o.agent_id, offered[name], o.attributes, o.agent_address
                 )
             )
             is not None
         ]
-        if changed:
-            # Written by the worker: database I/O here would hold up pymesos's event thread.
-            self._work.put(lambda: self.hosts.save(changed))
-        self.metrics.offers_held.set(self.pool.held())
-        self._work.put(self._after_offers)
+        self.hosts.save(changed)
 
     def on_rescind(self, offer_id: str) -> None:
         self.pool.rescind(offer_id)

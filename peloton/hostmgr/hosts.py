@@ -1,8 +1,11 @@
 """Host records: the agents peloton knows, their resources and attributes, and drain state.
 
 Mesos never states an agent's total: offers show what is free. A host's total is therefore
-estimated as the most ever seen of (offered now + used by peloton's tasks on it), which is exact
-once the host has been offered whole or fully used, and never shrinks while the agent lives.
+estimated as the most it ever offered at once, which is exact once it was offered idle (agents
+join idle; totals survive restarts in the database) and never shrinks while the agent lives.
+Adding peloton's own usage to what is offered would not do: a master re-offers a task's
+resources as soon as the task ends, before the framework has been told it ended, so that sum
+overcounts.
 The registry is the in-memory view; every change a user or a later daemon needs (a new host, a
 changed total or address, drain state, a lost agent) is written through a :class:`HostStore`.
 """
@@ -126,7 +129,7 @@ class HostRegistry:
         if it changed (a new host, a larger total, a new agent or address), for the caller to
         :meth:`save` (in batches: offers come by the thousand); None if nothing changed."""
         with self._lock:
-            seen = offered + self._used(hostname)
+            seen = offered
             old = self._hosts.get(hostname)
             if old is None:
                 new = HostRecord(

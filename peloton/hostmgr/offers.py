@@ -256,17 +256,6 @@ class OfferPool:
                 if host.lease is None and host.offers and name not in skip
             ]
 
-    def offered(self) -> dict[str, Resources]:
-        """Resources offered (held, leased or not) per agent id."""
-        with self._lock:
-            return {h.agent_id: _sum(h.offers.values()) for h in self._hosts.values()}
-
-    def offered_on(self, hostname: str) -> Resources:
-        """Resources held in offers of one host (leased or not)."""
-        with self._lock:
-            host = self._hosts.get(hostname)
-            return _sum(host.offers.values()) if host is not None else ZERO
-
     def held(self) -> int:
         """How many offers are held."""
         with self._lock:

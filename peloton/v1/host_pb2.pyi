@@ -22,8 +22,8 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class Host(_message.Message):
-    """A Mesos agent peloton knows. Mesos offers only show free resources, so `total` is the most
-    ever seen of (offered + used by peloton's tasks); `used` is what peloton's running tasks hold.
+    """A Mesos agent peloton knows. Mesos offers only show free resources, so `total` is the most the
+    agent ever offered at once; `used` is what peloton's running tasks hold.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
