@@ -1,0 +1,349 @@
+"""Data-parallel training with torch on the peloton collective runtime.
+
+A single-process training script becomes a data-parallel one with a few lines::
+
+    import peloton.collective.torch as pct
+
+    pct.init()                                      # rank, size and peers from PELOTON_*
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * pct.size())
+    optimizer = pct.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    pct.broadcast_parameters(model.state_dict(), root_rank=0)
+    pct.broadcast_optimizer_state(optimizer, root_rank=0)
+    for batch in my_shard_of_the_data:              # each rank trains on its own shard
+        optimizer.zero_grad()
+        loss_fn(model(batch)).backward()            # gradients are allreduced as they appear
+        optimizer.step()                            # waits for the allreduces, then steps
+
+The rest of :mod:`peloton.collective` (``allreduce``, ``broadcast``, ``rank``, ...) is re-exported
+here, so one import is enough. This module needs torch; :mod:`peloton.collective` itself never
+imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
+
+import torch
+
+import peloton.collective as pc
+from peloton.collective import (
+    CollectiveError,
+    allgather,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    barrier,
+    broadcast,
+    broadcast_,
+    cross_rank,
+    cross_size,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    poll,
+    rank,
+    reduce_scatter,
+    shutdown,
+    size,
+    synchronize,
+)
+
+__all__ = [
+    "CollectiveError",
+    "DistributedOptimizer",
+    "allgather",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "barrier",
+    "broadcast",
+    "broadcast_",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+    "cross_rank",
+    "cross_size",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "poll",
+    "rank",
+    "reduce_scatter",
+    "shutdown",
+    "size",
+    "synchronize",
+]
+
+GRADIENT_OPS = ("average", "sum")
+# dtypes the runtime reduces natively; others travel as the widest type of their kind.
+_WIRE_DTYPES = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64}
+)
+# Parameters are broadcast packed into buffers of at most this size (one collective each).
+_PACK_BYTES = 64 << 20
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Makes ``optimizer`` allreduce gradients across the ranks before each step.
+
+    ``DistributedOptimizer(optimizer, ...)`` returns ``optimizer`` itself, its class extended (so
+    ``isinstance`` checks, LR schedulers, ``state_dict`` and checkpoints keep working). A hook on
+    each parameter starts an asynchronous allreduce as soon as its gradient is accumulated, so
+    communication overlaps the rest of the backward pass; :meth:`step` first waits for all of them.
+
+    ``named_parameters`` (e.g. ``model.named_parameters()``) names the gradients, the names by
+    which the ranks match tensors up; without it the parameters are named by their position in
+    the optimizer's groups, which must then be built identically on every rank. ``op`` is
+    ``"average"`` (default) or ``"sum"``. With ``backward_passes_per_step=k`` gradients are
+    accumulated locally over ``k`` backward passes and allreduced once, on the k-th.
+    """
+
+    _pc_op: str
+    _pc_passes_per_step: int
+    _pc_names: dict[torch.Tensor, str]
+    _pc_handles: dict[torch.Tensor, Any]
+    _pc_passes: dict[torch.Tensor, int]
+    _pc_hooks: list[Any]
+    _pc_skip: bool
+
+    def __new__(
+        cls,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+        op: str = "average",
+        backward_passes_per_step: int = 1,
+    ) -> DistributedOptimizer:
+        # Everything is checked before the optimizer is touched: a refusal leaves it as it was.
+        if isinstance(optimizer, DistributedOptimizer):
+            raise ValueError("optimizer: is already a DistributedOptimizer")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer)}")
+        if op not in GRADIENT_OPS:
+            raise ValueError(f"op: must be one of {', '.join(GRADIENT_OPS)} (got {op!r})")
+        if backward_passes_per_step < 1:
+            raise ValueError(
+                f"backward_passes_per_step: must be at least 1 (got {backward_passes_per_step})"
+            )
+        names = _gradient_names(optimizer.param_groups, named_parameters)
+        base = type(optimizer)
+        optimizer.__class__ = type(f"Distributed{base.__name__}", (cls, base), {})
+        self = cast(DistributedOptimizer, optimizer)
+        self._pc_op = op
+        self._pc_passes_per_step = backward_passes_per_step
+        self._pc_names = names
+        self._pc_handles = {}
+        self._pc_passes = dict.fromkeys(names, 0)
+        self._pc_skip = False
+        self._pc_hooks = [
+            p.register_post_accumulate_grad_hook(self._on_gradient)  # type: ignore[no-untyped-call]
+            for p in names
+        ]
+        return self
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+        op: str = "average",
+        backward_passes_per_step: int = 1,
+    ) -> None:
+        # Nothing to do: `self` is `optimizer`, initialized by its own class and by __new__.
+        pass
+
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        """Autograd hook: ``param.grad`` is final for this backward pass."""
+        if param in self._pc_handles:
+            raise CollectiveError(
+                f"gradient {self._pc_names[param]!r} was computed more than "
+                f"backward_passes_per_step={self._pc_passes_per_step} times before step(); "
+                "call step() (or synchronize()) after each backward pass, or raise "
+                "backward_passes_per_step"
+            )
+        self._pc_passes[param] += 1
+        if self._pc_passes[param] == self._pc_passes_per_step:
+            self._start(param)
+
+    def _start(self, param: torch.Tensor) -> None:
+        grad = param.grad
+        if grad is None:
+            # Unused on this rank but maybe not on the others: it contributes zeros.
+            grad = param.grad = torch.zeros_like(param)
+        if grad.is_sparse:
+            raise CollectiveError(f"gradient {self._pc_names[param]!r}: sparse is not supported")
+        self._pc_handles[param] = pc.allreduce_async(
+            grad, op=self._pc_op, name=self._pc_names[param]
+        )
+
+    def synchronize(self) -> None:
+        """Wait for every gradient's allreduce and write the results into ``.grad``.
+
+        Gradients whose hook has not fired (parameters unused in this step on this rank) are
+        allreduced now, as zeros if they have none, so every rank submits the same tensors. Call
+        it before touching gradients (clipping), then step inside :meth:`skip_synchronize`.
+        """
+        try:
+            for param in self._pc_names:
+                if param not in self._pc_handles:
+                    self._start(param)
+            for param, handle in self._pc_handles.items():
+                result = pc.synchronize(handle)
+                grad = param.grad
+                assert grad is not None  # _start gave it one
+                if result is not None and result is not grad:
+                    grad.copy_(_as_tensor(result))
+        finally:
+            self._pc_handles.clear()
+            self._pc_passes = dict.fromkeys(self._pc_names, 0)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside this block does not synchronize (after an explicit synchronize())."""
+        self._pc_skip = True
+        try:
+            yield
+        finally:
+            self._pc_skip = False
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Synchronize the gradients (unless skipped), then take the wrapped optimizer's step."""
+        if not self._pc_skip:
+            self.synchronize()
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimizer's ``zero_grad``; refused while allreduces are in flight."""
+        if self._pc_handles:
+            raise CollectiveError(
+                "zero_grad() called while gradient allreduces are in flight (after backward(), "
+                "before step()); call step() or synchronize() first"
+            )
+        super().zero_grad(set_to_none)
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient hooks (the optimizer then no longer allreduces on backward)."""
+        for hook in self._pc_hooks:
+            hook.remove()
+        self._pc_hooks.clear()
+
+
+def _gradient_names(
+    groups: Sequence[Mapping[str, Any]],
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+) -> dict[torch.Tensor, str]:
+    """The negotiation name of each trainable parameter of the optimizer, in group order."""
+    params = [p for g in groups for p in g["params"] if p.requires_grad]
+    if named_parameters is None:
+        return {p: f"grad.{i}" for i, p in enumerate(params)}
+    by_param: dict[torch.Tensor, str] = {}
+    seen: set[str] = set()
+    for name, p in named_parameters:
+        if name in seen:
+            raise ValueError(f"named_parameters: name {name!r} appears twice")
+        seen.add(name)
+        by_param.setdefault(p, name)
+    unnamed = [i for i, p in enumerate(params) if p not in by_param]
+    if unnamed:
+        raise ValueError(
+            f"named_parameters: {len(unnamed)} of the optimizer's parameters have no name "
+            f"(positions {unnamed[:5]}); pass model.named_parameters() of the optimized model"
+        )
+    return {p: f"grad.{by_param[p]}" for p in params}
+
+
+def broadcast_parameters(
+    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    root_rank: int = 0,
+) -> None:
+    """Overwrite, in place, every rank's tensors with those of ``root_rank``.
+
+    ``params`` is ``model.state_dict()`` (parameters and buffers) or ``model.named_parameters()``.
+    Tensors are packed by device and dtype into a few buffers, one broadcast each, instead of one
+    collective per tensor.
+    """
+    items = list(params.items()) if isinstance(params, Mapping) else list(params)
+    for name, t in items:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"params: {name!r} is a {type(t).__name__}, not a tensor")
+    _broadcast_packed([t for _, t in items], root_rank, "broadcast_parameters")
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+    """Give every rank ``root_rank``'s optimizer state (buffers such as momentum, and options).
+
+    Works whether or not the other ranks' optimizers have taken a step yet: the state dict
+    travels serialized and is loaded with ``load_state_dict`` (which moves tensors to the
+    parameters' devices).
+    """
+    payload = None
+    if pc.rank() == root_rank:
+        buf = io.BytesIO()
+        torch.save(optimizer.state_dict(), buf)
+        payload = buf.getvalue()
+    data = _broadcast_bytes(payload, root_rank, "broadcast_optimizer_state")
+    if pc.rank() != root_rank:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        optimizer.load_state_dict(state)
+
+
+def _wire_dtype(t: torch.Tensor) -> torch.dtype:
+    if t.dtype in _WIRE_DTYPES:
+        return t.dtype
+    if t.is_complex():
+        raise TypeError(f"complex tensors ({t.dtype}) cannot be broadcast")
+    return torch.float64 if t.is_floating_point() else torch.int64
+
+
+def _broadcast_packed(tensors: Sequence[torch.Tensor], root_rank: int, name: str) -> None:
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, _wire_dtype(t)), []).append(t)
+    is_root = pc.rank() == root_rank
+    n = 0
+    for (_, dtype), group in groups.items():
+        for pack in _packs(group, dtype.itemsize):
+            flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in pack])
+            pc.broadcast_(flat, root_rank, name=f"{name}.{n}")
+            n += 1
+            if is_root:
+                continue
+            with torch.no_grad():
+                for t, piece in zip(
+                    pack, torch.split(flat, [t.numel() for t in pack]), strict=True
+                ):
+                    t.copy_(piece.view(t.shape))
+
+
+def _packs(tensors: Sequence[torch.Tensor], itemsize: int) -> Iterator[list[torch.Tensor]]:
+    """Consecutive runs of ``tensors`` of at most ``_PACK_BYTES`` (or a single bigger one)."""
+    pack: list[torch.Tensor] = []
+    nbytes = 0
+    for t in tensors:
+        size_t = t.numel() * itemsize
+        if pack and nbytes + size_t > _PACK_BYTES:
+            yield pack
+            pack, nbytes = [], 0
+        pack.append(t)
+        nbytes += size_t
+    if pack:
+        yield pack
+
+
+def _broadcast_bytes(payload: bytes | None, root_rank: int, name: str) -> bytes:
+    """Broadcast a byte string from ``root_rank`` (``payload`` is ignored elsewhere)."""
+    length = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64)
+    pc.broadcast_(length, root_rank, name=f"{name}.length")
+    n = int(length.item())
+    words = torch.zeros((n + 7) // 8, dtype=torch.int64)
+    if payload is not None:
+        words.view(torch.uint8)[:n] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    pc.broadcast_(words, root_rank, name=f"{name}.data")
+    return bytes(words.view(torch.uint8)[:n].numpy().tobytes())
+
+
+def _as_tensor(x: Any) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
