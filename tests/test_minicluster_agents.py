@@ -222,3 +222,15 @@ def test_files_read_serves_sandbox_files_like_a_mesos_agent(minicluster: Miniclu
     assert get(address, "/files/read")[0] == 400
     assert get(address, "/files/read?path=/../../../etc/passwd&offset=0")[0] == 404
     assert get(address, f"/files/read?path={path}&offset=x")[0] == 400
+
+
+def test_max_completion_time_fails_the_task_and_its_group(minicluster: Minicluster) -> None:
+    sched = RawScheduler(minicluster.address).subscribe()
+    slow = dict(task_info("slow", "sleep 30"), max_completion_time={"nanoseconds": 300_000_000})
+    sched.launch_group(sched.offer(), [slow, task_info("peer", "sleep 30")])
+    _running(sched, "slow", "peer")
+    failed = sched.update("slow")
+    assert failed["state"] == "TASK_FAILED"
+    assert failed["reason"] == "REASON_MAX_COMPLETION_TIME_REACHED"
+    assert "maximum completion time of 0.3s" in failed["message"]
+    assert sched.update("peer")["state"] == "TASK_KILLED"

@@ -10,6 +10,7 @@ import socket
 import time
 from typing import Any
 
+import pytest
 from minicluster_support import (  # noqa: F401 (fixtures)
     EXECUTOR,
     RawScheduler,
@@ -419,3 +420,20 @@ def test_teardown_kills_tasks_and_forgets_the_framework(make_minicluster: Any) -
     body = conn.getresponse().read()  # the stream ends after the ERROR
     assert b'"Framework has been removed"' in body
     conn.close()
+
+
+def test_a_failing_call_is_answered_500_not_dropped(
+    minicluster: Minicluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sched = RawScheduler(minicluster.address).subscribe()
+
+    def broken(call: dict[str, Any], stream_id: str | None) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(minicluster.master, "call", broken)
+    status, body = sched.call("REVIVE")
+    assert status == 500 and b"boom" in body
+    host, port = minicluster.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"POST /api/v1/scheduler HTTP/1.1\r\nContent-Length: x\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 400 ")

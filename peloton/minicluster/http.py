@@ -213,11 +213,23 @@ class _MasterHandler(_Handler):
 
     def do_POST(self) -> None:
         path = urlsplit(self.path).path
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length > 0 else b""
+        length = self.headers.get("Content-Length") or "0"
+        if not length.isdigit():
+            self.close_connection = True
+            self._reply(400, b"Expecting a valid 'Content-Length'")
+            return
+        body = self.rfile.read(int(length))
         if path not in SCHEDULER_PATHS:
             self._reply(404)
             return
+        try:
+            self._handle(body)
+        except Exception as exc:
+            # A bug must not leave the caller waiting on a closed connection: say so.
+            log.exception("minicluster call failed")
+            self._reply(500, f"Internal minicluster error: {exc!r}".encode())
+
+    def _handle(self, body: bytes) -> None:
         try:
             call = self._parse(body)
             if call["type"] == "SUBSCRIBE":
@@ -288,7 +300,9 @@ class _MasterHandler(_Handler):
                 if _peer_closed(self.connection):
                     break
         except OSError:
-            pass
+            pass  # the peer went away
+        except Exception:
+            log.exception("minicluster event stream failed")
         finally:
             self.master.disconnected(sub)
 

@@ -139,12 +139,16 @@ def _value(obj: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _grace(kill_policy: Any) -> float | None:
-    if not isinstance(kill_policy, dict):
+def _seconds(duration: Any) -> float | None:
+    """A DurationInfo ``{"nanoseconds": N}`` in seconds (None if absent or malformed)."""
+    nanos = duration.get("nanoseconds") if isinstance(duration, dict) else None
+    if not isinstance(nanos, int | float) or isinstance(nanos, bool):
         return None
-    period = kill_policy.get("grace_period")
-    nanos = period.get("nanoseconds") if isinstance(period, dict) else None
-    return max(0.0, float(nanos) / 1e9) if isinstance(nanos, int | float) else None
+    return max(0.0, float(nanos) / 1e9)
+
+
+def _grace(kill_policy: Any) -> float | None:
+    return _seconds(kill_policy.get("grace_period")) if isinstance(kill_policy, dict) else None
 
 
 class Master:
@@ -702,6 +706,16 @@ class Master:
         self.unreachable.pop(key, None)
         assert self.runner is not None
         self.runner.start(agent, task)
+        limit = _seconds(info.get("max_completion_time"))
+        if limit is not None and not task.terminal:
+            self.timers.call_later(limit, self._locked(lambda: self._expire(task, limit)))
+
+    def _expire(self, task: Task, limit: float) -> None:
+        """max_completion_time passed: the executor kills the task and reports it FAILED."""
+        if task.terminal or task.abandoned or task.killing:
+            return
+        task.expired = True
+        self._kill_task(task, None, f"Task exceeded its maximum completion time of {limit:g}s")
 
     # ------------------------------------------------------------------ offers
 
@@ -888,6 +902,10 @@ class Master:
             task.kill_timer.cancel()
         if error:
             self.agent_update(task, "TASK_FAILED", error, "REASON_EXECUTOR_TERMINATED")
+        elif task.expired:
+            self.agent_update(
+                task, "TASK_FAILED", task.kill_cause, "REASON_MAX_COMPLETION_TIME_REACHED"
+            )
         elif task.killing:
             self.agent_update(task, "TASK_KILLED", task.kill_cause or _exit_text(returncode))
         elif returncode == 0:

@@ -148,6 +148,8 @@ class Task:
     kill_cause: str = ""  # why it is being killed when its group takes it down
     # Its agent was killed: the process is gone and nothing more is reported.
     abandoned: bool = False
+    # It ran past its TaskInfo.max_completion_time and is being killed for it.
+    expired: bool = False
     kill_timer: Timer | None = None
     handle: Any = None  # the runner's (a Popen, a simulated timer)
     pid: int | None = None
