@@ -146,14 +146,12 @@ class _Server(ThreadingHTTPServer):
                 conn.shutdown(socket.SHUT_RDWR)
 
 
-class MasterServer:
-    """The master's HTTP server on ``host:port`` (0: any free port), in a daemon thread."""
+class _Background:
+    """An HTTP server in a daemon thread; ``stop()`` also drops its open connections."""
 
-    def __init__(self, master: Master, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.master = master
-        handler = type("MasterHandler", (_MasterHandler,), {"master": master})
-        self._server = _Server((host, port), handler)
-        self.port = self._server.server_address[1]
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self._server = _Server(address, handler)
+        self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
         )
@@ -162,6 +160,14 @@ class MasterServer:
     def stop(self) -> None:
         self._server.close_all()
         self._thread.join(timeout=5)
+
+
+class MasterServer(_Background):
+    """The master's HTTP server on ``host:port`` (0: any free port)."""
+
+    def __init__(self, master: Master, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.master = master
+        super().__init__((host, port), type("MasterHandler", (_MasterHandler,), {"master": master}))
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -354,23 +360,13 @@ def version_json() -> dict[str, Any]:
     }
 
 
-class AgentServer:
+class AgentServer(_Background):
     """An agent's HTTP server: ``/files/read`` over its work directory (``/frameworks/...``
     virtual paths, as Mesos attaches executor sandboxes), and ``/health``."""
 
     def __init__(self, directory: Path, host: str = "127.0.0.1") -> None:
         self.directory = directory
-        handler = type("AgentHandler", (_AgentHandler,), {"root": directory})
-        self._server = _Server((host, 0), handler)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._server.close_all()
-        self._thread.join(timeout=5)
+        super().__init__((host, 0), type("AgentHandler", (_AgentHandler,), {"root": directory}))
 
 
 class _AgentHandler(_Handler):
