@@ -111,6 +111,10 @@ def test_agent_specs() -> None:
     assert [a.hostname for a in agents] == ["agent-0", "agent-1", "agent-2"]
     assert agents[0].total() == ResourceSet.of({"cpus": 2, "mem": 10})
     assert parse_attributes("rack:r1;gen:3") == {"rack": "r1", "gen": 3.0}
+    named = AgentSpec.uniform(2, hostnames=["gpu-a", "gpu-b"])
+    assert [a.hostname for a in named] == ["gpu-a", "gpu-b"]
+    with pytest.raises(ValueError, match="need 2 distinct hostnames"):
+        AgentSpec.uniform(2, hostnames=["x", "x"])
     with pytest.raises(ValueError, match="attribute 'rack': expected NAME:VALUE"):
         AgentSpec("h", "cpus:1", "rack")
     with pytest.raises(ValueError, match="agent hostname 'h h': must be non-empty, no spaces"):

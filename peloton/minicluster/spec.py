@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,14 +83,20 @@ class AgentSpec:
         resources: str = DEFAULT_RESOURCES,
         attributes: str = DEFAULT_ATTRIBUTES,
         prefix: str = "agent-",
+        hostnames: Sequence[str] | None = None,
     ) -> list[AgentSpec]:
-        """``n`` identical agents named ``agent-0``, ``agent-1``, ..."""
+        """``n`` identical agents named ``agent-0``, ``agent-1``, ... (or ``hostnames``)."""
         if n < 0:
             raise ValueError(f"agents: must be 0 or more (got {n})")
+        names = list(hostnames) if hostnames is not None else [f"{prefix}{i}" for i in range(n)]
+        if len(names) != n or len(set(names)) != n:
+            raise ValueError(f"agents: need {n} distinct hostnames (got {names})")
         # Parse once; the specs share the strings.
         parse_text(resources)
         parse_attributes(attributes)
-        return [_unchecked(f"{prefix}{i}", resources, attributes) for i in range(n)]
+        if hostnames is not None:
+            return [AgentSpec(name, resources, attributes) for name in names]
+        return [_unchecked(name, resources, attributes) for name in names]
 
     @staticmethod
     def load_file(path: str | Path) -> list[AgentSpec]:
