@@ -16,7 +16,8 @@ launcher's job. For one gang:
 
 Candidates are compared by (hosts, racks, GPUs left free on the hosts used): lower is better.
 A task without GPUs trades this for keeping off GPU hosts (step 1).
-Ranks are contiguous per host (local ranks 0..k-1 on each), hosts in the order chosen.
+Ranks are contiguous per host (local ranks 0..k-1 on each), hosts in the order chosen. Hosts with
+the same free resources and attributes form one class, so a round costs per class, not per host.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from peloton.gang import Gang
 from peloton.hostmgr.offers import HostOffers, port_count
@@ -36,22 +37,35 @@ from peloton.resources import EPSILON, KINDS, Resources
 _UNBOUNDED = 1 << 20
 
 
-@dataclass
-class Candidate:
-    """A host as one placement round sees it; ``free`` and ``ports`` shrink as gangs land."""
+@dataclass(eq=False)
+class HostClass:
+    """Hosts that are interchangeable for placement: the same free resources, free port count
+    and attributes. Placement works on classes, so 10,000 identical hosts cost like one."""
 
-    hostname: str
     free: Resources
     ports: int
     attributes: Mapping[str, str]
+    hostnames: list[str] = field(default_factory=list)
+    # capacity() per (task resources, ports): a round asks the same for many gangs.
+    _fits: dict[tuple[Resources, int], int] = field(default_factory=dict)
 
     @property
     def rack(self) -> str:
         return self.attributes.get("rack", "")
 
+    @property
+    def model(self) -> str:
+        return self.attributes.get("gpu_model", "")
+
     def capacity(self, per_task: Resources, ports: int) -> int:
-        """How many tasks of ``per_task`` (each with ``ports`` named ports) fit here, in one task
-        group (whose executor takes its own share)."""
+        """How many tasks of ``per_task`` (each with ``ports`` named ports) fit on one of these
+        hosts, in one task group (whose executor takes its own share)."""
+        known = self._fits.get((per_task, ports))
+        if known is None:
+            known = self._fits[(per_task, ports)] = self._capacity(per_task, ports)
+        return known
+
+    def _capacity(self, per_task: Resources, ports: int) -> int:
         room = self.free - EXECUTOR_RESOURCES
         fit = math.inf
         for k in KINDS:
@@ -67,40 +81,72 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Choice:
-    """How many tasks go on each chosen host, in rank order."""
+    """Where a gang goes: (class, tasks on each host, how many of its hosts), in rank order."""
 
-    counts: tuple[tuple[Candidate, int], ...]
+    parts: tuple[tuple[HostClass, int, int], ...]
 
     def score(self, gpu_per_task: float) -> tuple[int, int, float]:
-        racks = {c.rack for c, _ in self.counts}
-        left = sum(c.free.gpu - n * gpu_per_task for c, n in self.counts)
-        return len(self.counts), len(racks), left
+        """(hosts, racks, GPUs left idle on the hosts used): lower is better."""
+        hosts = sum(h for _, _, h in self.parts)
+        racks = len({c.rack for c, _, _ in self.parts})
+        idle = sum(h * (c.free.gpu - t * gpu_per_task) for c, t, h in self.parts)
+        return hosts, racks, idle
 
 
-def candidates(hosts: Iterable[HostOffers]) -> list[Candidate]:
-    """A placement round's working copy of the offer pool's snapshot."""
-    return [Candidate(h.hostname, h.free, port_count(h.ports), dict(h.attributes)) for h in hosts]
+class Snapshot:
+    """The offer pool's snapshot as one placement round sees it, hosts grouped into classes;
+    a committed placement moves its hosts to the classes of what they have left."""
+
+    def __init__(self, hosts: Iterable[HostOffers]) -> None:
+        self._classes: dict[tuple[object, ...], HostClass] = {}
+        for h in hosts:
+            self._add(h.hostname, h.free, port_count(h.ports), h.attributes)
+
+    def classes(self) -> list[HostClass]:
+        return [c for c in self._classes.values() if c.hostnames]
+
+    def _add(self, name: str, free: Resources, ports: int, attrs: Mapping[str, str]) -> None:
+        key = (free, ports, tuple(sorted(attrs.items())))
+        cls = self._classes.get(key)
+        if cls is None:
+            cls = self._classes[key] = HostClass(free, ports, dict(attrs))
+        cls.hostnames.append(name)
+
+    def take(self, choice: Choice, per: Resources, nports: int) -> list[str]:
+        """Hostnames by rank for ``choice``; their free resources shrink accordingly."""
+        by_rank: list[str] = []
+        for cls, tasks, hosts in choice.parts:
+            names = [cls.hostnames.pop() for _ in range(hosts)]
+            left = cls.free - per.scale(tasks) - EXECUTOR_RESOURCES
+            for name in names:
+                self._add(name, left, cls.ports - nports * tasks, cls.attributes)
+                by_rank += [name] * tasks
+        return by_rank
 
 
 def place(gang: Gang, hosts: Sequence[HostOffers]) -> Placement:
-    """Hosts by rank for every task of ``gang``, or None and why (nothing is changed)."""
-    return place_on(gang, candidates(hosts), commit=False)
+    """Hosts by rank for every task of ``gang``, or None and why."""
+    return place_on(gang, Snapshot(hosts))
 
 
 def place_round(gangs: Sequence[Gang], hosts: Sequence[HostOffers]) -> list[Placement]:
     """Place gangs one after the other (in the given order, e.g. priority) on one snapshot:
     what a gang takes is gone for the next. Each gang is placed whole or not at all."""
-    pool = candidates(hosts)
-    return [place_on(gang, pool, commit=True) for gang in gangs]
+    snapshot = Snapshot(hosts)
+    return [place_on(gang, snapshot) for gang in gangs]
 
 
-def place_on(gang: Gang, pool: list[Candidate], *, commit: bool) -> Placement:
-    """Place ``gang`` on ``pool``; with ``commit`` the chosen hosts' free resources shrink."""
+Eligible = list[tuple[HostClass, int]]
+
+
+def place_on(gang: Gang, snapshot: Snapshot) -> Placement:
+    """Place ``gang`` on ``snapshot`` (which then holds what is left)."""
     task = gang.spec.task
     per, nports, n = gang.per_task, len(task.ports), gang.size
+    classes = snapshot.classes()
     eligible = [
         (c, cap)
-        for c in pool
+        for c in classes
         if matches(task.constraints, c.attributes) and (cap := c.capacity(per, nports)) > 0
     ]
     tiers = [eligible]
@@ -108,99 +154,94 @@ def place_on(gang: Gang, pool: list[Candidate], *, commit: bool) -> Placement:
         # GPU hosts are kept for GPU work unless nothing else holds the gang.
         tiers = [[(c, k) for c, k in eligible if c.free.gpu <= EPSILON], eligible]
     for tier in tiers:
-        best: Choice | None = None
-        for group in _model_groups(tier, per):
-            choice = _fewest_hosts(group, n, per.gpu)
-            if choice is not None and (best is None or choice.score(per.gpu) < best.score(per.gpu)):
-                best = choice
-        if best is not None:
-            if commit:
-                _take(best, per, nports)
-            return Placement(tuple(c.hostname for c, k in best.counts for _ in range(k)))
-    return Placement(None, _why_not(gang, pool, eligible))
+        groups = list(_by_model(tier).values()) if per.gpu > EPSILON else [tier]
+        options = [choice for g in groups if (choice := _fewest_hosts(g, n, per.gpu))]
+        if options:
+            best = min(options, key=lambda o: o.score(per.gpu))
+            return Placement(tuple(snapshot.take(best, per, nports)))
+    return Placement(None, _why_not(gang, classes, eligible))
 
 
-def _model_groups(
-    eligible: list[tuple[Candidate, int]], per: Resources
-) -> list[list[tuple[Candidate, int]]]:
-    """A GPU gang's hosts grouped by ``gpu_model`` (all its tasks share one); else one group."""
-    if per.gpu <= EPSILON:
-        return [eligible]
-    return list(_by_model(eligible).values())
-
-
-def _fewest_hosts(group: list[tuple[Candidate, int]], n: int, gpu: float) -> Choice | None:
+def _fewest_hosts(group: Eligible, n: int, gpu: float) -> Choice | None:
     """The fewest hosts, then racks, then idle GPUs, of ``group`` that hold ``n`` tasks."""
-    if sum(cap for _, cap in group) < n:
+    if _room(group) < n:
         return None
-    racks: dict[str, list[tuple[Candidate, int]]] = {}
+    racks: dict[str, Eligible] = {}
     for c, cap in group:
         racks.setdefault(c.rack, []).append((c, cap))
-    options = [_best_fit(group, n)]  # the fewest hosts, wherever they are
-    options += [_best_fit(hosts, n) for hosts in racks.values()]  # one rack
+    fewest = _best_fit(group, n)  # the fewest hosts, wherever they are
+    if fewest is not None and fewest.score(gpu)[1] == 1:
+        return fewest  # already on one rack: nothing can do better on hosts or racks
+    options = [fewest]
+    options += [_best_fit(hosts, n) for hosts in racks.values() if _room(hosts) >= n]
     # The roomiest racks combined, as few as possible.
-    combined: list[tuple[Candidate, int]] = []
-    for hosts in sorted(racks.values(), key=lambda hs: -sum(cap for _, cap in hs)):
+    combined: Eligible = []
+    for hosts in sorted(racks.values(), key=lambda hs: -_room(hs)):
         combined += hosts
-        if sum(cap for _, cap in combined) >= n:
+        if _room(combined) >= n:
             options.append(_best_fit(combined, n))
             break
     found = [o for o in options if o is not None]
-    return min(found, key=lambda o: (*o.score(gpu), o.counts[0][0].hostname)) if found else None
+    return min(found, key=lambda o: o.score(gpu)) if found else None
 
 
-def _best_fit(hosts: list[tuple[Candidate, int]], n: int) -> Choice | None:
+def _best_fit(group: Eligible, n: int) -> Choice | None:
     """Largest hosts first until the rest fits on one host, then the smallest host that holds
-    the rest. Ties go to the host with fewer free GPUs (fill what is already partly used)."""
-    order = sorted(hosts, key=lambda h: (h[1], h[0].free.gpu, h[0].hostname))  # ascending cap
+    the rest. Ties go to hosts with fewer free GPUs (fill what is already partly used)."""
+    order = sorted(group, key=lambda h: (h[1], h[0].free.gpu, h[0].hostnames[0]))
     caps = [cap for _, cap in order]
-    taken: list[tuple[Candidate, int]] = []
+    left = [len(c.hostnames) for c, _ in order]  # hosts of each class still unused
+    parts: list[tuple[HostClass, int, int]] = []
     remaining = n
     while remaining > 0 and order:
         i = bisect.bisect_left(caps, remaining)
-        if i < len(order):  # the smallest host that holds the rest
-            taken.append((order[i][0], remaining))
-            return Choice(tuple(taken))
-        host, cap = order.pop()  # the largest host
-        caps.pop()
-        taken.append((host, cap))
-        remaining -= cap
-    return Choice(tuple(taken)) if remaining <= 0 else None
+        if i < len(order):  # one host of the smallest class that holds the rest
+            parts.append((order[i][0], remaining, 1))
+            return Choice(tuple(parts))
+        cls, cap = order[-1]  # the largest: as many of its hosts as the rest fills
+        hosts = min(left[-1], remaining // cap)
+        parts.append((cls, cap, hosts))
+        remaining -= cap * hosts
+        left[-1] -= hosts
+        if left[-1] == 0:
+            order.pop()
+            caps.pop()
+            left.pop()
+    return Choice(tuple(parts)) if remaining <= 0 else None
 
 
-def _take(choice: Choice, per: Resources, nports: int) -> None:
-    for c, count in choice.counts:
-        c.free = c.free - per.scale(count) - EXECUTOR_RESOURCES
-        c.ports -= nports * count
+def _room(group: Eligible) -> int:
+    return sum(cap * len(c.hostnames) for c, cap in group)
 
 
-def _why_not(gang: Gang, pool: list[Candidate], eligible: list[tuple[Candidate, int]]) -> str:
+def _by_model(eligible: Eligible) -> dict[str, Eligible]:
+    out: dict[str, Eligible] = {}
+    for c, cap in eligible:
+        out.setdefault(c.model, []).append((c, cap))
+    return out
+
+
+def _why_not(gang: Gang, classes: list[HostClass], eligible: Eligible) -> str:
     """The binding constraint, for the job's pending reason."""
     per, n = gang.per_task, gang.size
     ask = f"{n} tasks of {describe(per)}"
-    if not pool:
+    offered = sum(len(c.hostnames) for c in classes)
+    if not offered:
         return f"no host offers free resources; the gang needs {ask}"
-    matching = [c for c in pool if matches(gang.spec.task.constraints, c.attributes)]
+    matching = sum(
+        len(c.hostnames) for c in classes if matches(gang.spec.task.constraints, c.attributes)
+    )
     if not matching:
-        return f"none of {len(pool)} offered hosts matches the task constraints; needs {ask}"
+        return f"none of {offered} offered hosts matches the task constraints; needs {ask}"
     if not eligible:
-        return f"none of {len(matching)} matching hosts has room for one task; needs {ask}"
+        return f"none of {matching} matching hosts has room for one task; needs {ask}"
+    largest = max(cap for _, cap in eligible)
     if per.gpu > EPSILON:
-        best_model, best = max(
-            ((m, sum(cap for _, cap in g)) for m, g in _by_model(eligible).items()),
-            key=lambda mc: mc[1],
-        )
-        model = f" {best_model}" if best_model else ""
+        model, room = max(((m, _room(g)) for m, g in _by_model(eligible).items()),
+                          key=lambda mr: mr[1])  # fmt: skip
+        named = f" {model}" if model else ""
         return (
-            f"needs {ask} on one GPU model; the hosts with free{model} GPUs hold {best} "
-            f"(largest host {max(cap for _, cap in eligible)})"
+            f"needs {ask} on one GPU model; the hosts with free{named} GPUs hold {room} "
+            f"(largest host {largest})"
         )
-    total = sum(cap for _, cap in eligible)
-    return f"needs {ask}; the {len(eligible)} hosts with room hold {total}"
-
-
-def _by_model(eligible: list[tuple[Candidate, int]]) -> dict[str, list[tuple[Candidate, int]]]:
-    out: dict[str, list[tuple[Candidate, int]]] = {}
-    for c, cap in eligible:
-        out.setdefault(c.attributes.get("gpu_model", ""), []).append((c, cap))
-    return out
+    return f"needs {ask}; the hosts with room hold {_room(eligible)} (largest host {largest})"
