@@ -143,6 +143,12 @@ def test_malformed_requests_get_mesos_answers(minicluster: Minicluster) -> None:
             406,
             b"Expecting 'Accept' to allow application/json",
         ),
+        (
+            call,
+            {"Content-Type": "application/json", "Accept": "application/x-protobuf"},
+            406,
+            b"Expecting 'Accept' to allow",
+        ),
         (b"{not json", {"Content-Type": "application/json"}, 400, b"Failed to parse body"),
         ({"subscribe": {}}, {"Content-Type": "application/json"}, 400, b"Expecting 'type'"),
         ({"type": "FLY"}, {"Content-Type": "application/json"}, 400, b"Failed to find enum"),
@@ -342,6 +348,19 @@ def test_launch_with_invalid_offer_is_dropped(make_minicluster: Any) -> None:
     status = sched.update("d1")
     assert status["state"] == "TASK_DROPPED" and status["reason"] == "REASON_INVALID_OFFERS"
     assert "no-such-offer" in status["message"]
+
+
+def test_offers_of_two_agents_cannot_be_combined(minicluster: Minicluster) -> None:
+    sched = RawScheduler(minicluster.address).subscribe()
+    first, second = sched.offer("agent-0"), sched.offer("agent-1")
+    task = dict(task_info("split", "true"), agent_id=first["agent_id"])
+    launch = {"type": "LAUNCH", "launch": {"task_infos": [task]}}
+    sched.ok("ACCEPT", {"offer_ids": [first["id"], second["id"]], "operations": [launch]})
+    status = sched.update("split")
+    assert status["state"] == "TASK_DROPPED"
+    assert status["message"].endswith("Aggregated offers must belong to one single agent")
+    # Both offers went back: the agents are offered again.
+    assert {sched.offer()["hostname"], sched.offer()["hostname"]} == {"agent-0", "agent-1"}
 
 
 def test_plain_launch_validates_each_task(make_minicluster: Any) -> None:

@@ -343,7 +343,8 @@ def _peer_closed(sock: socket.socket) -> bool:
 def _accepts_json(accept: str) -> bool:
     for part in accept.split(","):
         media = part.split(";")[0].strip().lower()
-        if media in ("application/json", "application/*", "*/*", "application/x-protobuf"):
+        # Protobuf alone is not enough: this minicluster answers in JSON only.
+        if media in ("application/json", "application/*", "*/*"):
             return True
     return False
 
