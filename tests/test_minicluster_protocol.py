@@ -456,3 +456,12 @@ def test_a_failing_call_is_answered_500_not_dropped(
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(b"POST /api/v1/scheduler HTTP/1.1\r\nContent-Length: x\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 400 ")
+
+
+def test_heartbeats_come_at_the_interval(make_minicluster: Any) -> None:
+    mc = make_minicluster(agents=0, heartbeat_interval=0.2)
+    sched = RawScheduler(mc.address).subscribe()
+    start = time.monotonic()
+    for _ in range(4):  # the first follows SUBSCRIBED at once
+        assert sched.take("HEARTBEAT", timeout=2) == {"type": "HEARTBEAT"}
+    assert 0.5 <= time.monotonic() - start < 3

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from minicluster_support import (  # noqa: F401 (fixture)
     RawScheduler,
     fixture_make_minicluster,
+    framework_info,
     task_info,
 )
 
@@ -57,3 +59,19 @@ def test_ten_thousand_simulated_agents_start_and_offer_quickly(make_minicluster:
     sched.launch_group(offers[0], [task_info("one", "x", env={SIM_DURATION_ENV: "0"})])
     for state in ("TASK_STARTING", "TASK_RUNNING", "TASK_FINISHED"):
         sched.ack(sched.update("one", state))
+
+
+def test_a_lost_agent_is_task_lost_without_partition_awareness(make_minicluster: Any) -> None:
+    mc = make_minicluster(agents=1, simulated=True)
+    sched = RawScheduler(mc.address, framework_info(capabilities=[{"type": "GPU_RESOURCES"}]))
+    sched.subscribe()
+    sched.launch_group(sched.offer(), [task_info("gone", "x")])
+    sched.ack(sched.update("gone", "TASK_STARTING"))
+    sched.ack(sched.update("gone", "TASK_RUNNING"))
+    mc.kill_agent("agent-0")
+    lost = sched.update("gone")
+    assert lost["state"] == "TASK_LOST" and lost["reason"] == "REASON_AGENT_REMOVED"
+    sched.ok("RECONCILE", {"tasks": [{"task_id": {"value": "gone"}}]})
+    assert sched.update("gone")["state"] == "TASK_LOST"
+    with pytest.raises(TimeoutError, match=r"gone=TASK_LOST@"):
+        mc.wait_until(lambda: False, 0.2)
