@@ -39,7 +39,7 @@ from peloton.minicluster.model import (
 )
 from peloton.minicluster.recordio import encode, encode_event
 from peloton.minicluster.resources import ResourceSet
-from peloton.minicluster.spec import AgentSpec, attributes_json
+from peloton.minicluster.spec import AgentSpec, attributes_json, parse_attributes
 from peloton.minicluster.timers import Timers
 from peloton.minicluster.validation import Invalid, plan_group, plan_launch, task_ids_of
 
@@ -177,6 +177,8 @@ class Master:
         self.agents: dict[str, Agent] = {}
         self._by_hostname: dict[str, str] = {}
         self._json_cache: dict[tuple[ResourceSet, str | None], str] = {}
+        self._attribute_cache: dict[str, list[dict[str, Any]]] = {}
+        self._attribute_text: dict[str, str] = {}
         self.generation = 0
         self.completed: deque[TaskView] = deque(maxlen=COMPLETED_KEPT)
         self._agent_seq = itertools.count()
@@ -252,25 +254,32 @@ class Master:
                 id=f"{self._agent_prefix}-S{n}",
                 spec=spec,
                 total=total,
-                attributes=attributes_json(spec.attribute_map()),
+                attributes=self._attributes(spec.attributes),
                 ip=ip,
                 port=port,
                 path=f"/slave({n + 1})",
                 directory=directory,
                 gpus_free=list(range(int(total.scalar("gpus")))),
             )
-            static = {
-                "hostname": agent.hostname,
-                "url": agent.url(),
-                "attributes": agent.attributes,
-            }
-            agent.offer_json = json.dumps(static, separators=(",", ":"))[1:-1]
+            agent.offer_json = (
+                f'"hostname":{json.dumps(agent.hostname)},'
+                f'"url":{json.dumps(agent.url(), separators=(",", ":"))},'
+                f'"attributes":{self._attribute_text[spec.attributes]}'
+            )
             self.agents[agent.id] = agent
             self._by_hostname[agent.hostname] = agent.id
             self._refresh(agent)
             self._request_allocation()
             self._notify()
             return agent
+
+    def _attributes(self, text: str) -> list[dict[str, Any]]:
+        """Attribute JSON by flag text, shared by agents of one spec (never mutated)."""
+        found = self._attribute_cache.get(text)
+        if found is None:
+            found = self._attribute_cache[text] = attributes_json(parse_attributes(text))
+            self._attribute_text[text] = json.dumps(found, separators=(",", ":"))
+        return found
 
     def agent_by_hostname(self, hostname: str) -> Agent:
         agent_id = self._by_hostname.get(hostname)

@@ -6,6 +6,7 @@ adding and subtracting the same amounts always gets back where it started.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -209,6 +210,8 @@ def format_ranges(ranges: Sequence[Range]) -> str:
     return "[" + ", ".join(f"{b}-{e}" for b, e in ranges) + "]"
 
 
+# Sets are immutable: 10,000 agents of one spec share one parse.
+@functools.lru_cache(maxsize=256)
 def parse_text(text: str) -> ResourceSet:
     """Resources in the Mesos agent flag syntax: ``cpus:8;mem:32768;ports:[31000-32000]``.
 
