@@ -47,7 +47,7 @@ class HostClass:
     attributes: Mapping[str, str]
     hostnames: list[str] = field(default_factory=list)
     # capacity() per (task resources, ports): a round asks the same for many gangs.
-    _fits: dict[tuple[Resources, int], int] = field(default_factory=dict)
+    _fits: dict[tuple[float, float, float, float, int], int] = field(default_factory=dict)
 
     @property
     def rack(self) -> str:
@@ -60,9 +60,11 @@ class HostClass:
     def capacity(self, per_task: Resources, ports: int) -> int:
         """How many tasks of ``per_task`` (each with ``ports`` named ports) fit on one of these
         hosts, in one task group (whose executor takes its own share)."""
-        known = self._fits.get((per_task, ports))
+        # A plain tuple: hashing the dataclass on every lookup costs more than the lookup.
+        key = (per_task.cpu, per_task.mem_mb, per_task.disk_mb, per_task.gpu, ports)
+        known = self._fits.get(key)
         if known is None:
-            known = self._fits[(per_task, ports)] = self._capacity(per_task, ports)
+            known = self._fits[key] = self._capacity(per_task, ports)
         return known
 
     def _capacity(self, per_task: Resources, ports: int) -> int:
@@ -144,10 +146,12 @@ def place_on(gang: Gang, snapshot: Snapshot) -> Placement:
     task = gang.spec.task
     per, nports, n = gang.per_task, len(task.ports), gang.size
     classes = snapshot.classes()
+    constrained = len(task.constraints) > 0
     eligible = [
         (c, cap)
         for c in classes
-        if matches(task.constraints, c.attributes) and (cap := c.capacity(per, nports)) > 0
+        if (cap := c.capacity(per, nports)) > 0
+        and (not constrained or matches(task.constraints, c.attributes))
     ]
     tiers = [eligible]
     if per.gpu <= EPSILON:
@@ -173,7 +177,14 @@ def _fewest_hosts(group: Eligible, n: int, gpu: float) -> Choice | None:
     if fewest is not None and fewest.score(gpu)[1] == 1:
         return fewest  # already on one rack: nothing can do better on hosts or racks
     options = [fewest]
-    options += [_best_fit(hosts, n) for hosts in racks.values() if _room(hosts) >= n]
+    # One rack: the tightest racks first; the first that needs no more hosts than the fewest
+    # possible is as good as any (it also keeps roomier racks for bigger gangs).
+    least = fewest.score(gpu)[0] if fewest is not None else 0
+    for hosts in sorted((hs for hs in racks.values() if _room(hs) >= n), key=_room):
+        option = _best_fit(hosts, n)
+        options.append(option)
+        if option is not None and option.score(gpu)[0] <= least:
+            break
     # The roomiest racks combined, as few as possible.
     combined: Eligible = []
     for hosts in sorted(racks.values(), key=lambda hs: -_room(hs)):
