@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from minicluster_support import (  # noqa: F401 (fixtures)
     EXECUTOR,
     RawScheduler,
@@ -24,6 +26,7 @@ from minicluster_support import (  # noqa: F401 (fixtures)
 )
 
 from peloton.minicluster import AgentSpec, Minicluster
+from peloton.minicluster.master import KNOWN_CALLS
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -465,3 +468,32 @@ def test_heartbeats_come_at_the_interval(make_minicluster: Any) -> None:
     for _ in range(4):  # the first follows SUBSCRIBED at once
         assert sched.take("HEARTBEAT", timeout=2) == {"type": "HEARTBEAT"}
     assert 0.5 <= time.monotonic() - start < 3
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-1, 1) | st.text(max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_FIELDS = ["offer_ids", "operations", "filters", "task_id", "agent_id", "uuid", "tasks", "roles"]
+
+
+def test_no_call_shape_breaks_the_master(make_minicluster: Any) -> None:
+    """Whatever a framework sends, the answer is 202 or a 4xx with a reason, never a crash."""
+    mc = make_minicluster(agents=1)
+    sched = RawScheduler(mc.address).subscribe()
+
+    @settings(max_examples=150, deadline=None)
+    @given(
+        kind=st.sampled_from(sorted(KNOWN_CALLS - {"SUBSCRIBE", "TEARDOWN"})),
+        body=st.one_of(_JSON, st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=4)),
+    )
+    def check(kind: str, body: Any) -> None:
+        status, text = sched.call(kind, body)
+        assert status == 202 or 400 <= status < 500, (kind, body, status, text)
+
+    check()
+    sched.ok("REVIVE")
+    assert mc.frameworks()[0].connected

@@ -216,3 +216,45 @@ def test_invalid_groups(
             lambda t: t in in_use,
             lambda e: False,
         )
+
+
+_JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=2)
+        | st.dictionaries(
+            st.sampled_from(["value", "name", "shell", "arguments", "environment", "variables"]),
+            inner,
+            max_size=3,
+        )
+    ),
+    max_leaves=6,
+)
+_TASK_KEYS = ["name", "task_id", "agent_id", "resources", "command", "executor", "kill_policy"]
+
+
+@given(
+    tasks=st.lists(
+        st.dictionaries(st.sampled_from(_TASK_KEYS), _JUNK, max_size=6)
+        | st.builds(lambda cmd: dict(_task("t", "cpus:0.1"), command=cmd), _JUNK),
+        max_size=3,
+    )
+)
+def test_validation_rejects_junk_with_invalid_never_a_crash(tasks: list[Any]) -> None:
+    from peloton.minicluster.agent import _argv, command_env
+
+    try:
+        plan = plan_group(
+            _group(EXEC, tasks),
+            "f",
+            "a",
+            parse_text("cpus:1;mem:100;disk:100"),
+            lambda t: False,
+            lambda e: False,
+        )
+    except Invalid as exc:
+        assert str(exc)
+        return
+    for p in plan.tasks:  # what passed can be run
+        _argv(p.info)
+        command_env(p.info)

@@ -27,10 +27,11 @@ TaskDuration = Callable[[dict[str, Any]], float | None]
 
 def command_env(info: dict[str, Any]) -> dict[str, str]:
     """The VALUE variables of a TaskInfo's CommandInfo.environment."""
-    command = info.get("command") or {}
-    variables = (command.get("environment") or {}).get("variables") or []
+    command = info.get("command")
+    environment = command.get("environment") if isinstance(command, dict) else None
+    variables = environment.get("variables") if isinstance(environment, dict) else None
     out: dict[str, str] = {}
-    for var in variables:
+    for var in variables if isinstance(variables, list) else []:
         if isinstance(var, dict) and var.get("type", "VALUE") == "VALUE" and "name" in var:
             out[str(var["name"])] = str(var.get("value", ""))
     return out

@@ -31,6 +31,59 @@ _PEER_CHECK = 0.25
 # /files/read without a length: Mesos reads 16 pages.
 _DEFAULT_READ = 16 * 4096
 
+# The JSON shapes of the call fields the minicluster reads, as the protobuf messages define them:
+# a type (str, float: any number, dict: any object), a list [shape], or an object {field: shape}
+# (other fields are let through). Mesos answers a mismatch with 400 when converting JSON.
+_IDV: dict[str, Any] = {"value": str}
+_FILTERS: dict[str, Any] = {"refuse_seconds": float}
+_OPERATION: dict[str, Any] = {
+    "type": str,
+    "launch": {"task_infos": [dict]},
+    "launch_group": {"executor": dict, "task_group": {"tasks": [dict]}},
+}
+_SHAPES: dict[str, Any] = {
+    "accept": {"offer_ids": [_IDV], "operations": [_OPERATION], "filters": _FILTERS},
+    "decline": {"offer_ids": [_IDV], "filters": _FILTERS},
+    "revive": {"roles": [str]},
+    "suppress": {"roles": [str]},
+    "kill": {"task_id": _IDV, "agent_id": _IDV, "kill_policy": dict},
+    "shutdown": {"executor_id": _IDV, "agent_id": _IDV},
+    "acknowledge": {"agent_id": _IDV, "task_id": _IDV, "uuid": str},
+    "reconcile": {"tasks": [{"task_id": _IDV, "agent_id": _IDV}]},
+    "message": {"agent_id": _IDV, "executor_id": _IDV, "data": str},
+    "request": {"requests": [dict]},
+    "framework_id": _IDV,
+}
+_JSON_NAMES = {str: "string", float: "number", dict: "object"}
+
+
+def _check_shape(value: Any, shape: Any, path: str) -> None:
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            raise _shape_error(path, "an array")
+        for i, item in enumerate(value):
+            _check_shape(item, shape[0], f"{path}[{i}]")
+    elif isinstance(shape, dict):
+        if not isinstance(value, dict):
+            raise _shape_error(path, "an object")
+        for name, inner in shape.items():
+            if name in value:
+                _check_shape(value[name], inner, f"{path}.{name}")
+    elif shape is float:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise _shape_error(path, "a number")
+    elif not isinstance(value, shape):
+        raise _shape_error(path, f"a JSON {_JSON_NAMES[shape]}")
+
+
+def _shape_error(path: str, want: str) -> CallError:
+    return CallError(
+        400,
+        "Failed to parse body into Call protobuf: Failed to convert JSON into Call protobuf: "
+        f"'{path}' must be {want}",
+    )
+
+
 # Per call type, the field Mesos requires (``Expecting 'accept' to be present``).
 _REQUIRED_BODY = {
     "SUBSCRIBE": "subscribe",
@@ -58,6 +111,9 @@ def validate_call(call: Any) -> dict[str, Any]:
             f"Failed to parse body into Call protobuf: Failed to convert JSON into Call "
             f"protobuf: Failed to find enum for '{kind}'",
         )
+    for name, shape in _SHAPES.items():
+        if name in call:
+            _check_shape(call[name], shape, name)
     body_field = _REQUIRED_BODY.get(kind)
     if body_field is not None and not isinstance(call.get(body_field), dict):
         raise CallError(

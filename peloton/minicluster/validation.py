@@ -86,10 +86,23 @@ def _check_command(info: dict[str, Any], task_id: str) -> None:
     if not isinstance(command, dict):
         raise Invalid(f"Task '{task_id}' has no CommandInfo")
     shell = command.get("shell", True)
-    if not isinstance(command.get("value", ""), str) or (shell and not command.get("value")):
-        raise Invalid(f"Task '{task_id}': a shell command needs 'command.value'")
-    if not shell and not command.get("value"):
-        raise Invalid(f"Task '{task_id}': 'command.value' (the program) is required")
+    if not isinstance(shell, bool):
+        raise Invalid(f"Task '{task_id}': 'command.shell' must be a boolean")
+    value = command.get("value", "")
+    if not isinstance(value, str) or not value:
+        what = "a shell command" if shell else "the program"
+        raise Invalid(f"Task '{task_id}': 'command.value' ({what}) is required")
+    args = command.get("arguments", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise Invalid(f"Task '{task_id}': 'command.arguments' must be a list of strings")
+    env = command.get("environment", {})
+    variables = env.get("variables", []) if isinstance(env, dict) else None
+    if not isinstance(variables, list) or not all(
+        isinstance(v, dict) and isinstance(v.get("name"), str) and v["name"] for v in variables
+    ):
+        raise Invalid(
+            f"Task '{task_id}': 'command.environment.variables' must be a list of {{name, value}}"
+        )
 
 
 def plan_launch(
