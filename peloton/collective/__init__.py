@@ -90,6 +90,8 @@ _lock = threading.Lock()
 _runtime: _core.Runtime | None = None
 _topology: _Topology | None = None
 _counters: dict[str, itertools.count[int]] = {}
+_timeout = DEFAULT_TIMEOUT
+_nccl: _core.NcclComm | None = None
 
 
 # ---------------------------------------------------------------- init and topology
@@ -157,7 +159,7 @@ def init(
 
     Blocks until every rank has connected (or raises after the timeout naming the missing ranks).
     """
-    global _runtime, _topology
+    global _runtime, _topology, _timeout
     with _lock:
         if _runtime is not None:
             raise CollectiveError(
@@ -190,14 +192,15 @@ def init(
         )
         _runtime = _core.Runtime(the_rank, the_size, hosts, ports, seconds, fusion)
         _topology = topo
+        _timeout = seconds
         _counters.clear()
 
 
 def shutdown() -> None:
     """Leaves the gang cleanly (waits up to the timeout for the others); no-op if uninitialized."""
-    global _runtime, _topology
+    global _runtime, _topology, _nccl
     with _lock:
-        rt, _runtime, _topology = _runtime, None, None
+        rt, _runtime, _topology, _nccl = _runtime, None, None, None
     if rt is not None:
         rt.shutdown()
 
@@ -273,9 +276,7 @@ class _Buf:
 def _buffer(x: Any, what: str) -> _Buf:
     if _is_torch(x):
         if x.is_cuda:
-            raise CollectiveError(
-                f"{what}: CUDA tensors need the NCCL path, which this build could not load"
-            )
+            raise CollectiveError(f"{what}: CUDA tensors go through NCCL (internal error)")
         code = _TORCH_DTYPES.get(str(x.dtype))
         if code is None:
             raise TypeError(f"{what}: unsupported torch dtype {x.dtype}")
@@ -327,7 +328,9 @@ def _op(op: str) -> int:
 class Handle:
     """An operation in flight; pass it to :func:`synchronize` (or :func:`poll`)."""
 
-    def __init__(self, rt: _core.Runtime, ident: int, finish: Callable[[Any], Any], keep: Any):
+    def __init__(
+        self, rt: _core.Runtime | None, ident: int, finish: Callable[[Any], Any], keep: Any
+    ):
         self._rt = rt
         self._id = ident
         self._finish = finish
@@ -335,13 +338,20 @@ class Handle:
         self._result: Any = None
         self._done = False
 
+    @classmethod
+    def completed(cls, result: Any) -> Handle:
+        """A handle whose operation already finished (the NCCL path runs synchronously)."""
+        handle = cls(None, 0, lambda _: result, None)
+        handle._result, handle._done = result, True
+        return handle
+
     def poll(self) -> bool:
         """True once the operation completed (successfully or not)."""
-        return self._done or bool(self._rt.poll(self._id))
+        return self._done or (self._rt is not None and bool(self._rt.poll(self._id)))
 
     def wait(self) -> Any:
         """Blocks until done and returns the result; raises CollectiveError on failure."""
-        if not self._done:
+        if not self._done and self._rt is not None:
             try:
                 out = self._rt.wait(self._id)
                 self._result = self._finish(out)
@@ -377,6 +387,8 @@ def _submit(
 
 def allreduce_async(x: T, op: str = "average", name: str | None = None) -> Handle:
     """Starts an allreduce of x into a new array/tensor; synchronize(handle) returns it."""
+    if _is_cuda(x):
+        return Handle.completed(_cuda_allreduce(x, op, _name("allreduce", name), inplace=False))
     src = _buffer(x, "allreduce")
     out = _empty_like(src)
     result = out.obj
@@ -384,6 +396,8 @@ def allreduce_async(x: T, op: str = "average", name: str | None = None) -> Handl
 
 
 def _allreduce_inplace_async(x: T, op: str, name: str | None) -> Handle:
+    if _is_cuda(x):
+        return Handle.completed(_cuda_allreduce(x, op, _name("allreduce", name), inplace=True))
     src = _buffer(x, "allreduce_")
 
     def finish(_: Any) -> T:
@@ -417,6 +431,9 @@ def allreduce_(x: T, op: str = "average", name: str | None = None) -> T:
 
 def allgather(x: T, name: str | None = None) -> T:
     """Concatenates every rank's x along dim 0, in rank order (first dims may differ)."""
+    if _is_cuda(x):
+        gathered: T = _cuda_allgather(x, _name("allgather", name))
+        return gathered
     src = _buffer(x, "allgather")
     if not src.shape:
         raise ValueError("allgather: x must have at least one dimension")
@@ -445,6 +462,9 @@ def _check_root(root_rank: int) -> int:
 def broadcast(x: T, root_rank: int, name: str | None = None) -> T:
     """Returns a copy of root_rank's x on every rank."""
     root = _check_root(root_rank)
+    if _is_cuda(x):
+        copied: T = _cuda_broadcast(x, root, _name("broadcast", name), inplace=False)
+        return copied
     src = _buffer(x, "broadcast")
     out = _empty_like(src)
     result = out.obj
@@ -456,6 +476,9 @@ def broadcast(x: T, root_rank: int, name: str | None = None) -> T:
 def broadcast_(x: T, root_rank: int, name: str | None = None) -> T:
     """Overwrites x with root_rank's x; returns x."""
     root = _check_root(root_rank)
+    if _is_cuda(x):
+        same: T = _cuda_broadcast(x, root, _name("broadcast", name), inplace=True)
+        return same
     src = _buffer(x, "broadcast_")
 
     def finish(_: Any) -> T:
@@ -472,6 +495,11 @@ def reduce_scatter(x: T, op: str = "sum", name: str | None = None) -> T:
     Dim 0 is split as evenly as possible in rank order: the first ``dim0 % size`` ranks get one
     row more.
     """
+    if _is_cuda(x):
+        # NCCL path: a full allreduce, then this rank's rows (correct, not bandwidth-optimal).
+        reduced = _cuda_allreduce(x, op, _name("reduce_scatter", name), inplace=False)
+        mine: T = reduced.tensor_split(size())[rank()].clone()
+        return mine
     src = _buffer(x, "reduce_scatter")
     if not src.shape:
         raise ValueError("reduce_scatter: x must have at least one dimension")
@@ -490,3 +518,90 @@ def barrier() -> None:
     """Returns once every rank has entered the barrier."""
     empty = _buffer(np.empty(0, dtype=np.float32), "barrier")
     _submit("barrier", _name("barrier", None), empty, None, 0, 0, lambda _: None).wait()
+
+
+# ---------------------------------------------------------------- CUDA tensors through NCCL
+
+
+def _is_cuda(x: object) -> bool:
+    return _is_torch(x) and bool(getattr(x, "is_cuda", False))
+
+
+def _preload_nccl() -> None:
+    """Makes libnccl.so.2 from the nvidia-nccl wheel (torch's dependency) visible to dlopen."""
+    import ctypes
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        lib = os.path.join(root, "nccl", "lib", "libnccl.so.2")
+        if os.path.exists(lib):
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+            return
+
+
+def _nccl_comm(device: int) -> _core.NcclComm:
+    """The gang's NCCL communicator, made on first use: rank 0's unique id rides our TCP ring."""
+    global _nccl
+    if _nccl is None:
+        ok, why = _core.nccl_available()
+        if not ok:
+            _preload_nccl()
+            ok, why = _core.nccl_available()
+        if not ok:
+            raise CollectiveError(f"CUDA tensors need NCCL: {why}")
+        uid = np.zeros(16, dtype=np.int64)  # 128 bytes, NCCL_UNIQUE_ID_BYTES
+        if rank() == 0:
+            uid = np.frombuffer(_core.nccl_unique_id(), dtype=np.int64).copy()
+        uid = broadcast(uid, 0, name="peloton.nccl.unique_id")
+        _nccl = _core.NcclComm(uid.tobytes(), rank(), size(), device, _timeout)
+    return _nccl
+
+
+def _cuda_args(t: Any) -> tuple[_core.NcclComm, int, int]:
+    import torch
+
+    code = _TORCH_DTYPES.get(str(t.dtype))
+    if code is None:
+        raise TypeError(f"unsupported torch dtype {t.dtype}")
+    comm = _nccl_comm(int(t.device.index or 0))
+    return comm, code, int(torch.cuda.current_stream(t.device).cuda_stream)
+
+
+def _cuda_allreduce(x: Any, op: str, name: str, inplace: bool) -> Any:
+    t = x.contiguous()
+    out = t if inplace else t.new_empty(t.shape)
+    comm, code, stream = _cuda_args(t)
+    comm.allreduce(name, t.data_ptr(), out.data_ptr(), t.numel(), code, _op(op), stream)
+    if inplace:
+        _copy_back(x, t)
+        return x
+    return out
+
+
+def _cuda_broadcast(x: Any, root: int, name: str, inplace: bool) -> Any:
+    t = x.contiguous()
+    out = t if inplace else (t.clone() if rank() == root else t.new_empty(t.shape))
+    comm, code, stream = _cuda_args(t)
+    comm.broadcast(name, out.data_ptr(), out.data_ptr(), out.numel(), code, root, stream)
+    if inplace:
+        _copy_back(x, out)
+        return x
+    return out
+
+
+def _cuda_allgather(x: Any, name: str) -> Any:
+    """Variable first dims: sizes go over TCP, NCCL moves rows padded to the largest."""
+    import torch
+
+    t = x.contiguous()
+    if t.dim() == 0:
+        raise ValueError("allgather: x must have at least one dimension")
+    rows = allgather(np.array([t.shape[0]], dtype=np.int64), name=f"{name}.rows").tolist()
+    most = max(rows)
+    padded = t.new_zeros((most, *t.shape[1:]))
+    padded[: t.shape[0]] = t
+    out = t.new_empty((most * size(), *t.shape[1:]))
+    comm, code, stream = _cuda_args(t)
+    comm.allgather(name, padded.data_ptr(), out.data_ptr(), padded.numel(), code, stream)
+    return torch.cat([out[i * most : i * most + n] for i, n in enumerate(rows)])

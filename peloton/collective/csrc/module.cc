@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "nccl_comm.h"
 #include "runtime.h"
 
 namespace py = pybind11;
@@ -39,6 +40,38 @@ PYBIND11_MODULE(_core, m) {
         return py::buffer_info(g.bytes.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(g.bytes.size())}, {1});
       });
+
+  m.def("nccl_available", [] {
+    std::string why;
+    const bool ok = nccl_available(&why);
+    return py::make_tuple(ok, why);
+  });
+  m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); });
+#ifdef PELOTON_HAVE_NCCL_H
+  m.attr("NCCL_HEADERS") = true;
+#else
+  m.attr("NCCL_HEADERS") = false;
+#endif
+
+  py::class_<NcclComm>(m, "NcclComm")
+      .def(py::init<const std::string&, int, int, int, double>(), py::arg("unique_id"), py::arg("rank"),
+           py::arg("size"), py::arg("device"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "allreduce",
+          [](NcclComm& c, const std::string& name, uintptr_t in, uintptr_t out, size_t count, int dt, int op,
+             uintptr_t stream) { c.allreduce(name, in, out, count, static_cast<DType>(dt), static_cast<ROp>(op), stream); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "broadcast",
+          [](NcclComm& c, const std::string& name, uintptr_t in, uintptr_t out, size_t count, int dt, int root,
+             uintptr_t stream) { c.broadcast(name, in, out, count, static_cast<DType>(dt), root, stream); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "allgather",
+          [](NcclComm& c, const std::string& name, uintptr_t in, uintptr_t out, size_t count, int dt,
+             uintptr_t stream) { c.allgather(name, in, out, count, static_cast<DType>(dt), stream); },
+          py::call_guard<py::gil_scoped_release>())
+      .def("abort", &NcclComm::abort, py::call_guard<py::gil_scoped_release>());
 
   py::class_<Runtime>(m, "Runtime")
       .def(py::init<int, int, const std::vector<std::string>&, const std::vector<int>&, double, size_t>(),
