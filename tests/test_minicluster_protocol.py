@@ -497,3 +497,10 @@ def test_no_call_shape_breaks_the_master(make_minicluster: Any) -> None:
     check()
     sched.ok("REVIVE")
     assert mc.frameworks()[0].connected
+
+
+def test_subscribe_with_wrong_shapes_is_400(minicluster: Minicluster) -> None:
+    for bad in ({"roles": "trainers"}, {"capabilities": ["GPU_RESOURCES"]}, {"id": "x"}):
+        call = {"type": "SUBSCRIBE", "subscribe": {"framework_info": framework_info(**bad)}}
+        status, _, text = post(minicluster.address, call)
+        assert status == 400 and b"must be" in text, (bad, text)

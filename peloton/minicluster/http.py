@@ -141,7 +141,23 @@ def validate_call(call: Any) -> dict[str, Any]:
     return call
 
 
+_SUBSCRIBE: dict[str, Any] = {
+    "framework_info": {
+        "user": str,
+        "name": str,
+        "id": _IDV,
+        "failover_timeout": float,
+        "role": str,
+        "roles": [str],
+        "principal": str,
+        "capabilities": [{"type": str}],
+    },
+    "suppressed_roles": [str],
+}
+
+
 def _validate_subscribe(call: dict[str, Any]) -> None:
+    _check_shape(call["subscribe"], _SUBSCRIBE, "subscribe")
     info = call["subscribe"].get("framework_info")
     if not isinstance(info, dict):
         raise CallError(
