@@ -388,3 +388,15 @@ def test_reconciliation_asks_for_active_attempts_and_unknown_ones_become_lost(
         assert jobs.get_job(job.id).state == JobState.FAILED
     finally:
         hm.stop()
+
+
+def test_a_draining_host_gets_no_placements(master: ScriptedMaster, hostmgr: HostManager) -> None:
+    master.subscribed("fw-1")
+    assert hostmgr.wait_connected(10)
+    for offer_id, agent, host in (("o1", "a1", "h1"), ("o2", "a2", "h2")):
+        master.send({"type": "OFFERS", "offers": {"offers": [raw_offer(offer_id, agent, host)]}})
+    wait_for(lambda: len(hostmgr.hosts.list()) == 2, 10, "two hosts known")
+    hostmgr.hosts.set_draining("h1", True)
+    assert [h.hostname for h in hostmgr.snapshot()] == ["h2"]
+    hostmgr.hosts.set_draining("h1", False)
+    assert [h.hostname for h in hostmgr.snapshot()] == ["h1", "h2"]

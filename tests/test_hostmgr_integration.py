@@ -124,9 +124,11 @@ def test_a_gang_on_two_agents_runs_to_succeeded_one_group_per_host(
     hosts = peloton.client.list_hosts()
     assert sorted(h.hostname for h in hosts) == ["agent-0", "agent-1"]
     assert [(h.total.gpu, h.attributes["gpu_model"]) for h in hosts] == [(2, "A100")] * 2, hosts
-    logs = run_peloton("task", "logs", job_id, "2", server=peloton.proc.address)
-    assert logs.returncode == 0, logs.stderr
-    assert "hello from rank 2 of 3" in logs.stdout
+    logs = run_peloton("task", "logs", job_id, "2", "--follow", server=peloton.proc.address)
+    assert logs.returncode == 0, logs.stderr  # --follow returns: the task has ended
+    assert logs.stdout == "hello from rank 2 of 3\n"
+    errors = run_peloton("task", "logs", job_id, "2", "--stderr", server=peloton.proc.address)
+    assert (errors.returncode, errors.stdout) == (0, "")
 
 
 def test_a_failing_task_takes_its_group_down(peloton: Peloton) -> None:
