@@ -988,7 +988,6 @@ class Master:
         fw = self.frameworks.get(task.framework_id)
         if fw is not None:
             fw.send(encode_event({"type": "UPDATE", "update": {"status": head}}))
-        task.last_sent = self.timers.clock()
         self._schedule_retry(task, head["uuid"], self.update_retry_interval)
 
     def _schedule_retry(self, task: Task, uid: str, delay: float) -> None:

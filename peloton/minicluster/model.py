@@ -156,7 +156,6 @@ class Task:
     sandbox: Path | None = None
     # The status update stream: updates not yet acknowledged; the head has been sent.
     updates: deque[dict[str, Any]] = field(default_factory=deque)
-    last_sent: float = 0.0
 
     @property
     def terminal(self) -> bool:
