@@ -70,11 +70,17 @@ def killed_rank(victim: int, nbytes: int) -> str:
     return "no error"
 
 
-@pytest.mark.parametrize(("n", "victim", "nbytes"), [(3, 2, 4096), (4, 1, 8 << 20), (3, 0, 4096)])
+@pytest.mark.parametrize(
+    ("n", "victim", "nbytes", "local_size"),
+    [(3, 2, 4096, 1), (4, 1, 8 << 20, 1), (3, 0, 4096, 1), (3, 1, 8 << 20, 3), (4, 3, 4096, 2)],
+)
 def test_sigkilled_rank_makes_the_others_raise_within_the_timeout(
-    n: int, victim: int, nbytes: int
+    n: int, victim: int, nbytes: int, local_size: int
 ) -> None:
-    outcomes = run_ranks(killed_rank, n, victim, nbytes, timeout=TIMEOUT, deadline=30)
+    """TCP ring, shared memory (local_size 3) and hierarchical (2 hosts x 2) alike."""
+    outcomes = run_ranks(
+        killed_rank, n, victim, nbytes, timeout=TIMEOUT, deadline=30, local_size=local_size
+    )
     assert outcomes[victim].exitcode == -signal.SIGKILL
     for o in outcomes:
         if o.rank == victim:

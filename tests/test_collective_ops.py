@@ -202,6 +202,39 @@ def test_torch_cpu_tensors_keep_their_type_and_dtype() -> None:
         )
 
 
+def shm_allreduces() -> dict[str, Any]:
+    """Allreduces on the shared-memory (and hierarchical) path, one bigger than a 4 MiB slot."""
+    r = pc.rank()
+    out: dict[str, Any] = {}
+    for dtype in DTYPES:
+        for op in OPS:
+            out[f"{dtype}.{op}"] = pc.allreduce(data(r, dtype, 1001, seed=1), op=op)
+    out["big"] = pc.allreduce(data(r, "float32", 1_100_003, seed=2), op="sum")
+    out["empty"] = pc.allreduce(np.empty((0, 4), np.float64), op="max")
+    handles = [pc.allreduce_async(data(r, "int64", i, seed=i), op="sum") for i in range(1, 9)]
+    out["fused"] = [pc.synchronize(h) for h in handles]
+    return out
+
+
+@pytest.mark.parametrize(("n", "local_size"), [(3, 3), (4, 2)])
+def test_shared_memory_and_hierarchical_allreduce_match_numpy(n: int, local_size: int) -> None:
+    """(3, 3): one host, shared memory only; (4, 2): 2 hosts x 2 ranks, hierarchical."""
+    results = assert_all_ok(run_ranks(shm_allreduces, n, local_size=local_size))
+    for dtype in DTYPES:
+        for op in OPS:
+            want = expected(op, [data(r, dtype, 1001, seed=1) for r in range(n)])
+            for res in results:
+                got = res[f"{dtype}.{op}"].astype(np.float64)
+                tol = tolerance(np.dtype(dtype))
+                assert np.allclose(got, want, rtol=tol, atol=tol), f"{dtype}.{op}"
+    big = sum(data(r, "float32", 1_100_003, seed=2) for r in range(n))
+    for res in results:
+        assert np.array_equal(res["big"], big)
+        assert res["empty"].shape == (0, 4)
+        for i, got in enumerate(res["fused"], start=1):
+            assert np.array_equal(got, sum(data(r, "int64", i, seed=i) for r in range(n)))
+
+
 def test_topology_comes_from_the_environment() -> None:
     results = assert_all_ok(run_ranks(identity, 4, local_size=2))
     for r, res in enumerate(results):

@@ -190,7 +190,18 @@ def init(
         fusion = int(
             _env_float("PELOTON_FUSION_THRESHOLD", fusion_threshold, DEFAULT_FUSION_THRESHOLD)
         )
-        _runtime = _core.Runtime(the_rank, the_size, hosts, ports, seconds, fusion)
+        _runtime = _core.Runtime(
+            the_rank,
+            the_size,
+            hosts,
+            ports,
+            seconds,
+            fusion,
+            local_rank=topo.local_rank,
+            local_size=topo.local_size,
+            cross_rank=topo.cross_rank,
+            cross_size=topo.cross_size,
+        )
         _topology = topo
         _timeout = seconds
         _counters.clear()

@@ -19,6 +19,10 @@ class Runtime:
         ports: list[int],
         timeout: float,
         fusion_threshold: int,
+        local_rank: int = 0,
+        local_size: int = 1,
+        cross_rank: int = -1,
+        cross_size: int = -1,
     ) -> None: ...
     def enqueue(
         self,

@@ -7,6 +7,7 @@
 #include <map>
 #include <poll.h>
 #include <sys/socket.h>
+#include <thread>
 #include <unistd.h>
 
 #include "reduce.h"
@@ -19,6 +20,7 @@ constexpr uint8_t kData = 0, kControl = 1;
 enum Msg : uint8_t { REQUEST = 1, RESPONSE = 2, FAIL = 3, ABORT = 4, BYE = 5, BYE_ACK = 6 };
 constexpr size_t kMaxIo = 1 << 20;       // bytes per send/recv call: keeps both directions moving
 constexpr size_t kReduceChunk = 64 << 10;  // reduce as soon as this much has arrived
+constexpr size_t kShmSlot = 4 << 20;       // bytes per local rank in the shared segment
 
 // A peer reported a failure (FAIL) or the coordinator decided the verdict (ABORT).
 struct RemoteFailure : std::runtime_error {
@@ -102,9 +104,12 @@ std::string seconds(std::chrono::milliseconds ms) {
 // ---------------------------------------------------------------- setup and teardown
 
 Runtime::Runtime(int rank, int size, const std::vector<std::string>& hosts, const std::vector<int>& ports,
-                 double timeout_s, size_t fusion_threshold)
+                 double timeout_s, size_t fusion_threshold, int local_rank, int local_size, int cross_rank,
+                 int cross_size)
     : rank_(rank),
       size_(size),
+      local_rank_(local_rank),
+      local_size_(local_size),
       timeout_(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0))),
       fusion_threshold_(fusion_threshold),
       data_fd_(static_cast<size_t>(size), -1),
@@ -119,8 +124,24 @@ Runtime::Runtime(int rank, int size, const std::vector<std::string>& hosts, cons
                           std::to_string(size));
   }
   if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) throw CollectiveError("pipe failed");
+  for (int j = 0; j < size; ++j) world_.members.push_back(j);
+  world_.me = rank;
+  if (cross_rank < 0) cross_rank = rank / std::max(1, local_size);
+  if (cross_size < 0) cross_size = size / std::max(1, local_size);
+  // Shared memory needs the usual layout: each host's ranks contiguous, local ranks in order.
+  const bool use_shm = local_size > 1 && cross_size * local_size == size &&
+                       rank == cross_rank * local_size + local_rank && local_rank >= 0 && local_rank < local_size;
+  if (!use_shm) local_size_ = 1, local_rank_ = 0;
+  for (int c = 0; c < (use_shm ? cross_size : 0); ++c) cross_.members.push_back(c * local_size + local_rank);
+  cross_.me = use_shm ? cross_rank : 0;
   try {
+    if (use_shm && local_rank == 0) setup_shm(ports);
     if (size > 1) connect_mesh(hosts, ports);
+    if (use_shm && local_rank != 0) setup_shm(ports);
+    if (shm_) {
+      local_barrier();  // everyone has mapped it: the name can go
+      shm_->unlink();
+    }
   } catch (...) {
     close_all();
     throw;
@@ -712,7 +733,7 @@ void Runtime::exec_allreduce(const std::vector<std::shared_ptr<Entry>>& es) {
   if (es.size() == 1) {
     Entry& e = *es[0];
     if (e.in != e.out && e.nbytes) std::memcpy(e.out, e.in, e.nbytes);
-    ring_allreduce(e.out, e.nbytes / esz, dt, op);
+    allreduce_buffer(e.out, e.nbytes / esz, dt, op);
     if (op == ROp::AVERAGE) divide_by(e.out, e.nbytes / esz, dt, size_);
     return;
   }
@@ -724,7 +745,7 @@ void Runtime::exec_allreduce(const std::vector<std::shared_ptr<Entry>>& es) {
     if (e->nbytes) std::memcpy(fusion_.data() + off, e->in, e->nbytes);
     off += e->nbytes;
   }
-  ring_allreduce(fusion_.data(), total / esz, dt, op);
+  allreduce_buffer(fusion_.data(), total / esz, dt, op);
   if (op == ROp::AVERAGE) divide_by(fusion_.data(), total / esz, dt, size_);
   off = 0;
   for (auto& e : es) {
@@ -786,33 +807,132 @@ void Runtime::exec_reduce_scatter(Entry& e) {
   if (e.req.op == ROp::AVERAGE) divide_by(dst, mine / esz, dt, size_);
 }
 
-void Runtime::ring_allreduce(char* buf, size_t count, DType dt, ROp op) {
-  if (size_ == 1 || count == 0) return;
-  const size_t esz = dtype_size(dt);
-  std::vector<size_t> off(static_cast<size_t>(size_)), len(static_cast<size_t>(size_));
-  size_t at = 0;
-  for (int j = 0; j < size_; ++j) {
-    const size_t n = count / static_cast<size_t>(size_) + (static_cast<size_t>(j) < count % static_cast<size_t>(size_) ? 1 : 0);
-    off[static_cast<size_t>(j)] = at * esz;
-    len[static_cast<size_t>(j)] = n * esz;
-    at += n;
-  }
-  ring_reduce_scatter(buf, off, len, dt, op);
-  ring_allgather(buf, off, len);
+void Runtime::setup_shm(const std::vector<int>& ports) {
+  const int root = rank_ - local_rank_;
+  const std::string name = "/peloton-" + std::to_string(ports[static_cast<size_t>(root)]) + "-" +
+                           std::to_string(ports[0]) + "-" + std::to_string(root);
+  shm_ = std::make_unique<LocalShm>(name, local_rank_ == 0, local_rank_, local_size_, kShmSlot);
 }
 
-// After N-1 steps rank r holds the full reduction of segment r.
+void Runtime::allreduce_buffer(char* buf, size_t count, DType dt, ROp op) {
+  if (shm_) {
+    shm_allreduce(buf, count, dt, op);
+  } else {
+    ring_allreduce(buf, count, dt, op);
+  }
+}
+
+// Hierarchical allreduce through the host's shared memory, chunk by chunk: every local rank copies
+// its chunk into its slot; local rank p reduces part p of all slots into slot 0 and, with several
+// hosts, allreduces that part over TCP with local rank p of every other host; then everyone
+// copies slot 0 out.
+void Runtime::shm_allreduce(char* buf, size_t count, DType dt, ROp op) {
+  const size_t esz = dtype_size(dt);
+  const size_t chunk = shm_->slot_bytes() / esz;
+  const size_t L = static_cast<size_t>(local_size_);
+  const size_t me = static_cast<size_t>(local_rank_);
+  char* result = shm_->slot(0);
+  for (size_t first = 0; first < count; first += chunk) {
+    const size_t n = std::min(chunk, count - first);
+    std::memcpy(shm_->slot(local_rank_), buf + first * esz, n * esz);
+    local_barrier();
+    const size_t part_off = n / L * me + std::min(me, n % L);
+    const size_t part_len = n / L + (me < n % L ? 1 : 0);
+    for (int i = 1; i < local_size_; ++i) {
+      reduce_into(result + part_off * esz, shm_->slot(i) + part_off * esz, part_len, dt, op);
+    }
+    ring_allreduce_in(cross_, result + part_off * esz, part_len, dt, op);
+    local_barrier();
+    std::memcpy(buf + first * esz, result, n * esz);
+    local_barrier();
+  }
+}
+
+// Waits for every local rank to arrive; watches the control channel meanwhile (an ABORT or a
+// dead peer ends the wait) and names the local ranks that never came.
+void Runtime::local_barrier() {
+  ++epoch_;
+  shm_->arrived(local_rank_).store(epoch_, std::memory_order_release);
+  const auto start = Clock::now();
+  for (uint64_t spin = 0;; ++spin) {
+    int missing = -1;
+    for (int i = 0; i < local_size_ && missing < 0; ++i) {
+      if (shm_->arrived(i).load(std::memory_order_acquire) < epoch_) missing = i;
+    }
+    if (missing < 0) return;
+    if (spin < 200) continue;
+    std::this_thread::yield();
+    if (spin % 64 != 0) continue;
+    std::vector<pollfd> fds;
+    std::vector<int> peers;
+    for (int j = 0; j < size_; ++j) {
+      const int fd = ctrl_fd_[static_cast<size_t>(j)];
+      if (fd >= 0 && !gone_[static_cast<size_t>(j)]) {
+        fds.push_back({fd, POLLIN, 0});
+        peers.push_back(j);
+      }
+    }
+    if (!fds.empty() && ::poll(fds.data(), fds.size(), 0) > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents) read_control(peers[i]);
+      }
+    }
+    if (Clock::now() - start > timeout_) {
+      std::vector<int> late;
+      for (int i = 0; i < local_size_; ++i) {
+        if (shm_->arrived(i).load(std::memory_order_acquire) < epoch_) late.push_back(rank_ - local_rank_ + i);
+      }
+      throw PeerError(late.empty() ? -1 : late[0], "ranks " + ranks_str(late) +
+                                                       " did not reach the shared-memory barrier within " +
+                                                       seconds(timeout_) + " (missing ranks " + ranks_str(late) + ")");
+    }
+  }
+}
+
+void Runtime::ring_allreduce(char* buf, size_t count, DType dt, ROp op) {
+  ring_allreduce_in(world_, buf, count, dt, op);
+}
+
+void Runtime::ring_allreduce_in(const Ring& g, char* buf, size_t count, DType dt, ROp op) {
+  const size_t n = g.members.size();
+  if (n <= 1 || count == 0) return;
+  const size_t esz = dtype_size(dt);
+  std::vector<size_t> off(n), len(n);
+  size_t at = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const size_t c = count / n + (j < count % n ? 1 : 0);
+    off[j] = at * esz;
+    len[j] = c * esz;
+    at += c;
+  }
+  ring_reduce_scatter_in(g, buf, off, len, dt, op);
+  ring_allgather_in(g, buf, off, len);
+}
+
 void Runtime::ring_reduce_scatter(char* buf, const std::vector<size_t>& off, const std::vector<size_t>& len,
                                   DType dt, ROp op) {
-  if (size_ == 1) return;
+  ring_reduce_scatter_in(world_, buf, off, len, dt, op);
+}
+
+void Runtime::ring_allgather(char* buf, const std::vector<size_t>& off, const std::vector<size_t>& len) {
+  ring_allgather_in(world_, buf, off, len);
+}
+
+// After n-1 steps the member at position p holds the full reduction of segment p.
+void Runtime::ring_reduce_scatter_in(const Ring& g, char* buf, const std::vector<size_t>& off,
+                                     const std::vector<size_t>& len, DType dt, ROp op) {
+  const int n = static_cast<int>(g.members.size());
+  if (n <= 1) return;
   const size_t esz = dtype_size(dt);
-  const int right = (rank_ + 1) % size_, left = (rank_ - 1 + size_) % size_;
+  const int me = g.me;
+  const int right = g.members[static_cast<size_t>((me + 1) % n)];
+  const int left = g.members[static_cast<size_t>((me - 1 + n) % n)];
   size_t biggest = 0;
   for (size_t l : len) biggest = std::max(biggest, l);
   if (scratch_.size() < biggest) scratch_.resize(biggest);
-  for (int s = 0; s < size_ - 1; ++s) {
-    const size_t sseg = static_cast<size_t>(((rank_ - s - 1) % size_ + 2 * size_) % size_);
-    const size_t rseg = static_cast<size_t>(((rank_ - s - 2) % size_ + 2 * size_) % size_);
+  for (int s = 0; s < n - 1; ++s) {
+    const size_t sseg = static_cast<size_t>(((me - s - 1) % n + 2 * n) % n);
+    const size_t rseg = static_cast<size_t>(((me - s - 2) % n + 2 * n) % n);
     char* dst = buf + off[rseg];
     size_t reduced = 0;
     const size_t rlen = len[rseg];
@@ -828,13 +948,17 @@ void Runtime::ring_reduce_scatter(char* buf, const std::vector<size_t>& off, con
   }
 }
 
-// Rank r starts with segment r in place and ends with all of them.
-void Runtime::ring_allgather(char* buf, const std::vector<size_t>& off, const std::vector<size_t>& len) {
-  if (size_ == 1) return;
-  const int right = (rank_ + 1) % size_, left = (rank_ - 1 + size_) % size_;
-  for (int s = 0; s < size_ - 1; ++s) {
-    const size_t sseg = static_cast<size_t>(((rank_ - s) % size_ + size_) % size_);
-    const size_t rseg = static_cast<size_t>(((rank_ - s - 1) % size_ + 2 * size_) % size_);
+// The member at position p starts with segment p in place and ends with all of them.
+void Runtime::ring_allgather_in(const Ring& g, char* buf, const std::vector<size_t>& off,
+                                const std::vector<size_t>& len) {
+  const int n = static_cast<int>(g.members.size());
+  if (n <= 1) return;
+  const int me = g.me;
+  const int right = g.members[static_cast<size_t>((me + 1) % n)];
+  const int left = g.members[static_cast<size_t>((me - 1 + n) % n)];
+  for (int s = 0; s < n - 1; ++s) {
+    const size_t sseg = static_cast<size_t>(((me - s) % n + n) % n);
+    const size_t rseg = static_cast<size_t>(((me - s - 1) % n + 2 * n) % n);
     duplex(right, buf + off[sseg], len[sseg], left, buf + off[rseg], len[rseg], false, nullptr);
   }
 }

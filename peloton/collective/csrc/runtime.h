@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "net.h"
+#include "shm.h"
 
 namespace peloton {
 
@@ -52,8 +53,11 @@ struct Response {
 
 class Runtime {
  public:
+  // local_*/cross_* describe hosts: ranks cross_rank*local_size .. +local_size-1 share one host
+  // and, when local_size > 1, shared memory (hierarchical allreduce when cross_size > 1 too).
   Runtime(int rank, int size, const std::vector<std::string>& hosts, const std::vector<int>& ports,
-          double timeout_s, size_t fusion_threshold);
+          double timeout_s, size_t fusion_threshold, int local_rank = 0, int local_size = 1,
+          int cross_rank = -1, int cross_size = -1);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -104,14 +108,33 @@ class Runtime {
   void exec_broadcast(Entry& e);
   void exec_reduce_scatter(Entry& e);
   void ring_allreduce(char* buf, size_t count, DType dt, ROp op);
+  void allreduce_buffer(char* buf, size_t count, DType dt, ROp op);  // picks shm or TCP
+  void shm_allreduce(char* buf, size_t count, DType dt, ROp op);
+  void local_barrier();
+  void setup_shm(const std::vector<int>& ports);
   void ring_reduce_scatter(char* buf, const std::vector<size_t>& off, const std::vector<size_t>& len,
                            DType dt, ROp op);
   void ring_allgather(char* buf, const std::vector<size_t>& off, const std::vector<size_t>& len);
+  // The same algorithms over a subset of ranks (the hierarchical path's cross-host ring).
+  struct Ring {
+    std::vector<int> members;  // global ranks in ring order
+    int me = 0;                // this rank's position
+  };
+  void ring_allreduce_in(const Ring& g, char* buf, size_t count, DType dt, ROp op);
+  void ring_reduce_scatter_in(const Ring& g, char* buf, const std::vector<size_t>& off,
+                              const std::vector<size_t>& len, DType dt, ROp op);
+  void ring_allgather_in(const Ring& g, char* buf, const std::vector<size_t>& off, const std::vector<size_t>& len);
   void duplex(int send_peer, const char* sbuf, size_t slen, int recv_peer, char* rbuf, size_t rlen,
               bool gate_send_on_recv, const std::function<void(size_t)>& on_recv);
 
   int rank_;
   int size_;
+  int local_rank_;
+  int local_size_;
+  Ring world_;
+  Ring cross_;                       // ranks with this rank's local rank, one per host
+  std::unique_ptr<LocalShm> shm_;    // null: allreduce uses the TCP ring only
+  uint64_t epoch_ = 0;               // local barrier generation
   std::chrono::milliseconds timeout_;
   size_t fusion_threshold_;
   std::vector<int> data_fd_;  // per peer
