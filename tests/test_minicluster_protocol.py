@@ -244,9 +244,10 @@ def test_update_is_resent_until_acknowledged_and_in_order(make_minicluster: Any)
     sched.ack(first)
     running = sched.update("t1", "TASK_RUNNING")
     sched.ack(running)
+    # A re-send may have crossed the acknowledgement; after that, nothing more may come.
+    time.sleep(0.5)
     sched.drop("UPDATE")
-    # Once acknowledged, not sent again.
-    time.sleep(0.5)  # several re-send intervals: nothing must come
+    time.sleep(0.5)  # several re-send intervals
     assert not [e for e in sched.events if e["type"] == "UPDATE"]
 
 
@@ -464,10 +465,13 @@ def test_a_failing_call_is_answered_500_not_dropped(
 def test_heartbeats_come_at_the_interval(make_minicluster: Any) -> None:
     mc = make_minicluster(agents=0, heartbeat_interval=0.2)
     sched = RawScheduler(mc.address).subscribe()
-    start = time.monotonic()
-    for _ in range(4):  # the first follows SUBSCRIBED at once
+    for _ in range(2):  # the first follows SUBSCRIBED at once
         assert sched.take("HEARTBEAT", timeout=2) == {"type": "HEARTBEAT"}
-    assert 0.5 <= time.monotonic() - start < 3
+    start = time.monotonic()
+    for _ in range(3):
+        assert sched.take("HEARTBEAT", timeout=2) == {"type": "HEARTBEAT"}
+    # Three intervals of 0.2 s; a late reading of the first shortens it a little, never more.
+    assert 0.3 <= time.monotonic() - start < 3
 
 
 _JSON = st.recursive(
