@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -40,23 +39,24 @@ def test_up_serves_until_sigterm_and_cleans_up(tmp_path: Path) -> None:
         assert slaves["small"]["resources"]["ports"] == "[31000-31001]"
 
         sched = RawScheduler(address).subscribe()
-        sched.launch_group(sched.offer("big"), [task_info("cli-task", "sleep 60")])
+        task = task_info("cli-task", "echo $$ > pid; exec sleep 60")
+        sched.launch_group(sched.offer("big"), [task])
         sched.ack(sched.update("cli-task", "TASK_STARTING"))
         sched.update("cli-task", "TASK_RUNNING")
-        pid_file = next((tmp_path / "work").rglob("cli-task"))
-        assert (pid_file / "stdout").exists()
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-        sleepers = [p for p in pids if _cmdline(p) == "sleep\x0060\x00"]
-        assert sleepers
+        sandbox = next((tmp_path / "work").rglob("cli-task"))
+        pid_file, deadline = sandbox / "pid", time.monotonic() + 5
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            assert time.monotonic() < deadline, "the task never wrote its pid"
+            time.sleep(0.05)  # polled with a deadline: a file has no event to await
+        pid = int(pid_file.read_text())
+        assert _cmdline(pid) == "sleep\x0060\x00"
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "minicluster stopped" in out
-    deadline = time.monotonic() + 5
-    while any(_cmdline(p) == "sleep\x0060\x00" for p in sleepers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in sleepers if _cmdline(p) == "sleep\x0060\x00"]
+    # stop() reaps its task processes before the command exits.
+    assert _cmdline(pid) != "sleep\x0060\x00"
 
 
 def _cmdline(pid: int) -> str:
