@@ -53,6 +53,7 @@ bench: $(STAMP)
 	scripts/ensure-postgres.sh
 	$(PY) -m bench.bench_jobs
 	$(PY) -m bench.bench_resmgr
+	$(PY) -m bench.bench_hostmgr
 	$(PY) -m bench.bench_placement
 	$(PY) -m bench.bench_allreduce
 

@@ -71,6 +71,16 @@ def parse_attempt_id(task_id: str) -> tuple[str, int, int] | None:
 
 
 @dataclass(frozen=True)
+class _Planned:
+    """A status update turned into the change it asks peloton to write."""
+
+    job_id: str
+    task_id: str
+    update: TaskUpdate
+    status: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class _Where:
     agent_id: str
     executor_id: str
@@ -119,6 +129,8 @@ class HostManager:
         self._capacity = Resources()
         self._where: dict[str, _Where] = {}
         self._offer_listeners: list[Callable[[], None]] = []
+        self._pending: list[Mapping[str, Any]] = []
+        self._drain_queued = False
         metrics.watch(ClusterGauges(self.hosts.counts, self.hosts.capacity))
 
     # ------------------------------------------------------------------ lifecycle
@@ -258,7 +270,13 @@ class HostManager:
         self.metrics.offers_held.set(self.pool.held())
 
     def on_update(self, status: Mapping[str, Any]) -> None:
-        self._work.put(lambda: self._handle_update(status))
+        # Updates are handled in batches: a burst (a gang starting, a reconciliation) becomes
+        # one transaction per job instead of one per update.
+        with self._lock:
+            self._pending.append(status)
+            queued, self._drain_queued = self._drain_queued, True
+        if not queued:
+            self._work.put(self._handle_updates)
 
     def on_agent_lost(self, agent_id: str) -> None:
         self.pool.remove_agent(agent_id)
@@ -443,46 +461,102 @@ class HostManager:
 
     # ------------------------------------------------------------------ status updates
 
-    def _handle_update(self, status: Mapping[str, Any]) -> None:
+    def _handle_updates(self) -> None:
+        """Persist every queued status update, then acknowledge each. Updates of one job go in
+        one transaction; an update that is stale, illegal or not ours is acknowledged without
+        a write; one whose write failed is not acknowledged (Mesos sends it again)."""
+        with self._lock:
+            batch, self._pending = self._pending, []
+            self._drain_queued = False
+        seen: set[str] = set()
+        ack: list[Mapping[str, Any]] = []
+        by_job: dict[str, list[_Planned]] = {}
+        for status in batch:
+            uid = status.get("uuid")
+            if uid is not None and uid in seen:
+                continue  # a re-send of an update already in this batch
+            if uid is not None:
+                seen.add(uid)
+            self.metrics.status_updates.labels(state=status.get("state", "")).inc()
+            try:
+                planned = self._plan(status)
+            except Exception:
+                log.exception("status update not handled", extra={"status": dict(status)})
+                continue
+            if planned is None:
+                ack.append(status)
+            else:
+                by_job.setdefault(planned.job_id, []).append(planned)
+        for job_id, items in by_job.items():
+            ack.extend(p.status for p in self._apply(job_id, items))
+        for status in ack:
+            if "uuid" in status:
+                self._call(lambda d, s=status: d.acknowledgeStatusUpdate(dict(s)))  # type: ignore[misc]
+
+    def _apply(self, job_id: str, items: list[_Planned]) -> list[_Planned]:
+        """Write one job's updates; returns those that may be acknowledged (written, or found
+        not to apply)."""
+        written, skipped = self._write(job_id, items)
+        failed = False
+        for p in written:
+            if p.update.state in TASK_TERMINAL:
+                # The sandbox location stays known, for `peloton task logs` of ended tasks.
+                self.hosts.unuse(p.task_id)
+            failed = failed or p.update.state in (TaskState.FAILED, TaskState.LOST)
+        if failed:
+            self._take_gang_down(job_id, written[0].task_id)
+        return written + skipped
+
+    def _write(self, job_id: str, items: list[_Planned]) -> tuple[list[_Planned], list[_Planned]]:
+        """(written, not applicable): all in one transaction if they are for distinct tasks and
+        all apply, else one by one."""
+        instances = {p.update.instance_id for p in items}
+        if len(items) > 1 and len(instances) == len(items):
+            try:
+                self._jobs.update_tasks(job_id, [p.update for p in items])
+                return items, []
+            except (FailedPrecondition, NotFound):
+                pass  # one of them does not apply: find it below
+            except Exception:
+                log.exception("persisting status updates failed", extra={"job_id": job_id})
+                return [], []
+        written: list[_Planned] = []
+        skipped: list[_Planned] = []
+        for p in items:
+            try:
+                self._jobs.update_tasks(job_id, [p.update])
+                written.append(p)
+            except (FailedPrecondition, NotFound) as exc:
+                log.info(
+                    "status update not applied", extra={"task_id": p.task_id, "error": str(exc)}
+                )
+                skipped.append(p)
+            except Exception:
+                log.exception("persisting a status update failed", extra={"task_id": p.task_id})
+        return written, skipped
+
+    def _plan(self, status: Mapping[str, Any]) -> _Planned | None:
+        """The peloton change a status update asks for; None if nothing is to be written (it is
+        stale, not ours, or no change), after killing what must not run."""
         task_id = status["task_id"]["value"]
         state = status.get("state", "")
         agent_id = status.get("agent_id", {}).get("value", "")
-        self.metrics.status_updates.labels(state=state).inc()
-        try:
-            persisted = self._persist(task_id, state, status, agent_id)
-        except (FailedPrecondition, NotFound, ValueError) as exc:
-            # Not applicable (stale, illegal, unknown job): nothing to persist; ack it.
-            log.info("status update not applied", extra={"task_id": task_id, "error": str(exc)})
-            persisted = True
-        if persisted and "uuid" in status:
-            self._call(lambda d: d.acknowledgeStatusUpdate(dict(status)))
-
-    def _persist(self, task_id: str, state: str, status: Mapping[str, Any], agent_id: str) -> bool:
-        """Apply an update to the job manager; True once it is durable (or needs nothing)."""
         ids = parse_attempt_id(task_id)
         mesos_active = state in mesos_states.MESOS_ACTIVE and state != "TASK_UNREACHABLE"
-        if ids is None:
-            if mesos_active:
-                self._kill(task_id, 0, agent_id)  # not one of ours
-            return True
-        job_id, instance, attempt = ids
-        try:
-            task, _ = self._jobs.get_task(job_id, instance)
-        except NotFound:
-            if mesos_active:
-                self._kill(task_id, 0, agent_id)
-            return True
-        current = task.current
-        if attempt != current.attempt or current.state in TASK_TERMINAL:
-            # Peloton has moved on (a newer attempt, or this one ended): the task must not run.
+        current = None if ids is None else self._store.current_attempt(ids[0], ids[1])
+        if ids is None or current is None or ids[2] != current[0] or current[1] in TASK_TERMINAL:
+            # Not ours, or peloton has moved on (a newer attempt, or this one ended, or the job
+            # was deleted): the task must not run.
             if mesos_active:
                 log.warning("killing a task peloton does not run", extra={"task_id": task_id})
                 self._kill(task_id, 0, agent_id)
-            return True
-        target = mesos_states.to_peloton(state, current.state)
+            return None
+        job_id, instance, attempt = ids
+        _, current_state, current_host = current
+        target = mesos_states.to_peloton(state, current_state)
         executor = status.get("executor_id", {}).get("value", "")
         known = self._where.get(task_id)
-        hostname = known.hostname if known else current.host
+        hostname = known.hostname if known else current_host
         if executor or known is None:
             self._where[task_id] = _Where(
                 agent_id or (known.agent_id if known else ""),
@@ -495,19 +569,12 @@ class HostManager:
             spec = self._jobs.get_job(job_id).spec
             self.hosts.use(task_id, hostname, Resources.from_proto(spec.task.resources))
         if target is None:
-            return True
+            return None
         reason, message = mesos_states.reason_of(
             state, status.get("reason", ""), status.get("message", "")
         )
-        self._jobs.update_tasks(
-            job_id, [TaskUpdate(instance, attempt, target, reason, message, hostname)]
-        )
-        if target in TASK_TERMINAL:
-            # The sandbox location stays known, for `peloton task logs` of ended tasks.
-            self.hosts.unuse(task_id)
-        if target in (TaskState.FAILED, TaskState.LOST):
-            self._take_gang_down(job_id, task_id)
-        return True
+        update = TaskUpdate(instance, attempt, target, reason, message, hostname)
+        return _Planned(job_id, task_id, update, status)
 
     def _take_gang_down(self, job_id: str, failed: str) -> None:
         """A gang runs together or not at all: when one of its tasks failed, kill the rest on

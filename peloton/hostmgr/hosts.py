@@ -73,30 +73,9 @@ class HostStore(Protocol):
         """Mesos task ids of the current attempts of every task in ``states``."""
         ...
 
-
-class MemoryHostStore:
-    """A HostStore in memory: for unit tests and benchmarks of logic around it."""
-
-    def __init__(self) -> None:
-        self.hosts: dict[str, HostRecord] = {}
-        self.framework_ids: dict[str, str] = {}
-        self.attempts: list[str] = []
-
-    def load_hosts(self) -> list[HostRecord]:
-        return list(self.hosts.values())
-
-    def save_hosts(self, hosts: Sequence[HostRecord]) -> None:
-        for host in hosts:
-            self.hosts[host.hostname] = host
-
-    def load_framework_id(self, name: str) -> str:
-        return self.framework_ids.get(name, "")
-
-    def save_framework_id(self, name: str, framework_id: str) -> None:
-        self.framework_ids[name] = framework_id
-
-    def active_attempts(self, states: Iterable[TaskState]) -> list[str]:
-        return list(self.attempts)
+    def current_attempt(self, job_id: str, instance_id: int) -> tuple[int, TaskState, str] | None:
+        """(attempt, state, host) of a task's current attempt; None if there is no such task."""
+        ...
 
 
 @dataclass

@@ -94,3 +94,14 @@ class SqlHostStore:
                 )
             )
             return [attempt_id(j, i, a) for j, i, a in rows]
+
+    def current_attempt(self, job_id: str, instance_id: int) -> tuple[int, TaskState, str] | None:
+        with self._db.reading() as session:
+            row = session.execute(
+                select(TaskRow.attempt, TaskRow.state, TaskRow.host).where(
+                    TaskRow.job_id == job_id, TaskRow.instance_id == instance_id
+                )
+            ).first()
+        if row is None:
+            return None
+        return int(row.attempt), TaskState(row.state), row.host
