@@ -140,6 +140,30 @@ def test_frozen_rank_times_out_instead_of_hanging() -> None:
     assert outcomes[2].exitcode == -signal.SIGKILL
 
 
+def frozen_coordinator() -> str:
+    """Rank 0 (the coordinator) freezes: rank 1's request must not wait forever."""
+    pids = pc.allgather(np.array([os.getpid()], np.int64))
+    if pc.rank() == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        pc.allreduce(np.ones(4, np.float32), name="unanswered")
+    except pc.CollectiveError as exc:
+        return f"{time.monotonic() - start:.3f} {exc}"
+    finally:
+        os.kill(int(pids[0]), signal.SIGKILL)
+    return "no error"
+
+
+def test_frozen_coordinator_times_out_instead_of_hanging() -> None:
+    outcomes = run_ranks(frozen_coordinator, 2, timeout=1.0, deadline=20)
+    assert outcomes[0].exitcode == -signal.SIGKILL
+    assert outcomes[1].ok, outcomes[1].error
+    elapsed, _, message = outcomes[1].value.partition(" ")
+    assert 1.5 < float(elapsed) < 6, outcomes[1].value
+    assert "'unanswered'" in message and "missing ranks [0]" in message, message
+
+
 def shutdown_with_pending() -> str:
     """A handle still in flight at shutdown fails instead of blocking forever."""
     if pc.rank() == 0:

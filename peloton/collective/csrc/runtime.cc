@@ -352,6 +352,7 @@ void Runtime::submit_new() {
     fresh.swap(submitted_);
   }
   if (fresh.empty()) return;
+  if (in_flight_.empty()) heard_ = Clock::now();  // the watchdog counts from the first request
   for (auto& e : fresh) in_flight_[e->req.name] = e;
   if (rank_ == 0) {
     for (auto& e : fresh) coord_add(0, e->req);
@@ -377,9 +378,16 @@ void Runtime::idle_wait() {
   }
   int wait_ms = -1;
   if (rank_ == 0 && !table_.empty()) wait_ms = 50;  // stall checks
+  if (rank_ != 0 && !in_flight_.empty()) wait_ms = 100;  // coordinator watchdog
   if (stopping_) wait_ms = 50;
   const int r = ::poll(fds.data(), fds.size(), wait_ms);
   if (r < 0 && errno != EINTR) throw CollectiveError(std::string("poll: ") + std::strerror(errno));
+  // The coordinator answers every request within the timeout (stalls become errors), so a
+  // coordinator silent for twice that is frozen: give up rather than wait forever.
+  if (rank_ != 0 && !in_flight_.empty() && Clock::now() - heard_ > 2 * timeout_) {
+    throw PeerError(0, "rank 0 (the coordinator) has not answered for " + seconds(2 * timeout_) +
+                           " (missing ranks [0])");
+  }
   if (r <= 0) return;
   if (fds[0].revents) {
     char buf[256];
@@ -415,6 +423,7 @@ void Runtime::read_control(int peer) {
     return;
   }
   if (!got) throw PeerError(0, "rank 0 (the coordinator) died or lost its connection");
+  heard_ = Clock::now();
   Reader rd(m.payload);
   if (m.type == RESPONSE) {
     const uint32_t n = rd.u32();

@@ -2,6 +2,7 @@
 // (rank 0 coordinates), tensor fusion and the ring algorithms over TCP.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -148,7 +149,7 @@ class Runtime {
   std::unordered_map<int64_t, std::shared_ptr<Entry>> by_handle_;
   std::set<std::string> names_in_use_;
   std::string fatal_;
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};  // also read by the background thread without mu_
   bool stopped_ = false;
   int64_t next_handle_ = 1;
 
@@ -160,6 +161,7 @@ class Runtime {
   std::deque<std::string> ready_;                   // coordinator
   std::vector<bool> bye_;                           // coordinator: worker said goodbye
   std::vector<bool> gone_;                          // coordinator: worker's control closed
+  Clock::time_point heard_;  // worker: last message from the coordinator
   bool bye_sent_ = false;
   bool bye_acked_ = false;
   Clock::time_point stop_deadline_;
