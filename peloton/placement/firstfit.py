@@ -46,27 +46,37 @@ def matches(constraints: Sequence[job_pb2.Constraint], attributes: Mapping[str, 
 
 
 def place(gang: Gang, hosts: Sequence[HostOffers]) -> Placement:
-    """Put every task of ``gang`` on a host of ``hosts`` (first fit, in the given order)."""
+    """Put every task of ``gang`` on a host of ``hosts`` (first fit, in the given order).
+
+    One pass: the tasks of a gang are identical and a host's free resources only shrink, so a
+    host that could not take task k can't take task k+1 either; hosts are looked at only until
+    the gang is placed (a few, on a big idle cluster).
+    """
     task = gang.spec.task
     ports = len(task.ports)
-    eligible = [h for h in hosts if matches(task.constraints, h.attributes)]
-    free = {h.hostname: h.free for h in eligible}
-    free_ports = {h.hostname: port_count(h.ports) for h in eligible}
-    used: set[str] = set()
+    free: dict[str, Resources] = {}
+    free_ports: dict[str, int] = {}
     out: list[str] = []
+    i = 0
     for _ in gang.instances:
-        chosen = None
-        for h in eligible:
-            need = gang.per_task if h.hostname in used else gang.per_task + EXECUTOR_RESOURCES
-            if need.fits_in(free[h.hostname]) and ports <= free_ports[h.hostname]:
-                chosen = h.hostname
-                free[chosen] = free[chosen] - need
-                free_ports[chosen] -= ports
-                used.add(chosen)
+        while i < len(hosts):
+            h = hosts[i]
+            name = h.hostname
+            if name not in free:
+                if not matches(task.constraints, h.attributes):
+                    i += 1
+                    continue
+                free[name], free_ports[name] = h.free, port_count(h.ports)
+            need = gang.per_task if name in out else gang.per_task + EXECUTOR_RESOURCES
+            if need.fits_in(free[name]) and ports <= free_ports[name]:
+                free[name] = free[name] - need
+                free_ports[name] -= ports
+                out.append(name)
                 break
-        if chosen is None:
-            return Placement(None, _why(gang, len(out), len(hosts), len(eligible)))
-        out.append(chosen)
+            i += 1
+        else:
+            eligible = sum(1 for h in hosts if matches(task.constraints, h.attributes))
+            return Placement(None, _why(gang, len(out), len(hosts), eligible))
     return Placement(tuple(out))
 
 

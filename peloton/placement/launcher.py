@@ -90,16 +90,21 @@ class Launcher:
         # Demand exists while gangs wait, placeable or not (then more offers may help).
         self._hosts.set_demand(bool(gangs))
         launched = 0
+        # One snapshot per round (taking one costs a pass over every host); hosts this round
+        # leased are left out of it for the next gangs.
+        snapshot = self._hosts.snapshot() if gangs else []
         for gang in gangs:
             try:
-                self._place_and_launch(gang)
+                used = self._place_and_launch(gang, snapshot)
                 launched += 1
+                snapshot = [h for h in snapshot if h.hostname not in used]
             except _NotPlaced as exc:
                 self._source.return_admitted(gang, str(exc))
         return launched
 
-    def _place_and_launch(self, gang: Gang) -> None:
-        placement = firstfit.place(gang, self._hosts.snapshot())
+    def _place_and_launch(self, gang: Gang, snapshot: Sequence[HostOffers]) -> set[str]:
+        """Place, lease, record and launch one gang; returns the hosts it leased."""
+        placement = firstfit.place(gang, snapshot)
         if placement.hosts is None:
             raise _NotPlaced(placement.reason)
         leases = self._lease_all(sorted(set(placement.hosts)))
@@ -125,6 +130,7 @@ class Launcher:
             "gang launched",
             extra={"job_id": gang.job_id, "tasks": gang.size, "hosts": len(leases)},
         )
+        return set(leases)
 
     def _lease_all(self, hostnames: Sequence[str]) -> dict[str, Lease]:
         leases: dict[str, Lease] = {}
