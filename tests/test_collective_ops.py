@@ -235,6 +235,41 @@ def test_shared_memory_and_hierarchical_allreduce_match_numpy(n: int, local_size
             assert np.array_equal(got, sum(data(r, "int64", i, seed=i) for r in range(n)))
 
 
+def half_precision_sums() -> dict[str, Any]:
+    """Sums of random 16-bit floats, subnormals, infinities and NaN included."""
+    import torch
+
+    r = pc.rank()
+    rng = np.random.default_rng(r)
+    specials = np.array([0.0, -0.0, 6e-8, -6e-8, 1e-5, 65504.0, np.inf, -np.inf, np.nan])
+    values = np.concatenate([rng.normal(0, 100, 4000), rng.normal(0, 1e-5, 1000), specials])
+    out: dict[str, Any] = {"f16": pc.allreduce(values.astype(np.float16), op="sum")}
+    bf = pc.allreduce(torch.from_numpy(values.astype(np.float32)).to(torch.bfloat16), op="sum")
+    out["bf16"] = bf.float().numpy()
+    return out
+
+
+def test_float16_and_bfloat16_sums_round_like_numpy_and_torch() -> None:
+    """Each rank's 16-bit values widen to float32, add, and round to nearest even once."""
+    torch = pytest.importorskip("torch")
+    results = assert_all_ok(run_ranks(half_precision_sums, 2))
+    inputs = []
+    for r in range(2):
+        rng = np.random.default_rng(r)
+        specials = np.array([0.0, -0.0, 6e-8, -6e-8, 1e-5, 65504.0, np.inf, -np.inf, np.nan])
+        inputs.append(
+            np.concatenate([rng.normal(0, 100, 4000), rng.normal(0, 1e-5, 1000), specials])
+        )
+    with np.errstate(over="ignore"):  # 65504 + 65504 overflows to inf, as it should
+        f16 = inputs[0].astype(np.float16).astype(np.float32) + inputs[1].astype(np.float16)
+        f16 = f16.astype(np.float16)
+    bf = [torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16).float() for x in inputs]
+    want_bf = (bf[0] + bf[1]).to(torch.bfloat16).float().numpy()
+    for res in results:
+        assert np.array_equal(res["f16"], f16, equal_nan=True)
+        assert np.array_equal(res["bf16"], want_bf, equal_nan=True)
+
+
 def test_topology_comes_from_the_environment() -> None:
     results = assert_all_ok(run_ranks(identity, 4, local_size=2))
     for r, res in enumerate(results):
