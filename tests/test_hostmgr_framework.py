@@ -400,3 +400,24 @@ def test_a_draining_host_gets_no_placements(master: ScriptedMaster, hostmgr: Hos
     assert [h.hostname for h in hostmgr.snapshot()] == ["h2"]
     hostmgr.hosts.set_draining("h1", False)
     assert [h.hostname for h in hostmgr.snapshot()] == ["h1", "h2"]
+
+
+def test_an_unplaceable_gang_goes_back_with_a_reason_and_stays_ready(
+    master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager
+) -> None:
+    master.subscribed("fw-1")
+    assert hostmgr.wait_connected(10)
+    job, _ = jobs.create_job(make_spec(3, gpu=4))
+    gang = Gang.of_job(
+        job.id, job.spec, jobs.admit_pending([(job.id, 3, "t")])[0], datetime.now(UTC)
+    )
+    master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1", "a1", "h1")]}})
+    wait_for(lambda: len(hostmgr.snapshot()) == 1, 10, "an offered host")
+    source = ListSource([gang])
+    assert Launcher(source, hostmgr, jobs).run_once() == 0
+    ((returned, reason),) = source.returned
+    assert returned is gang
+    assert reason.startswith("only 1 of 3 tasks")
+    assert {t.state for t in jobs.list_tasks(job.id)[0]} == {TaskState.READY}
+    assert master.calls_of("ACCEPT") == []
+    assert [h.hostname for h in hostmgr.snapshot()] == ["h1"]  # no lease left behind
