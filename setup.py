@@ -52,6 +52,8 @@ if (cuda := cuda_include()) is not None:
 core = Pybind11Extension(
     "peloton.collective._core",
     sorted(str(p) for p in CSRC.glob("*.cc")),
+    # Headers: rebuild when they change, and ship them in the sdist.
+    depends=sorted(str(p) for p in CSRC.glob("*.h")),
     include_dirs=include_dirs,
     define_macros=macros,
     cxx_std=17,
