@@ -94,26 +94,26 @@ def rank_main(scenario: str, out: Path) -> None:
     def shard(t: torch.Tensor) -> torch.Tensor:
         return t.chunk(size)[rank]
 
-    if scenario in ("train", "accumulate"):
-        k = 2 if scenario == "accumulate" else 1
-        model = make_model(seed=rank)  # differs per rank until the broadcast
-        optimizer = pct.DistributedOptimizer(
-            make_optimizer(model),
-            named_parameters=model.named_parameters(),
-            backward_passes_per_step=k,
-        )
-        pct.broadcast_parameters(model.state_dict(), root_rank=0)
-        torch.save(model.state_dict(), out / f"initial{rank}.pt")
-        train(model, optimizer, shard, micro_batches=k)
-        torch.save(model.state_dict(), out / f"final{rank}.pt")
-    elif scenario == "optimizer_state":
-        model = make_model(seed=0)
+    if scenario == "train":
+        # Plain steps (k=1), then accumulation over two backward passes per step (k=2).
+        for k in (1, 2):
+            model = make_model(seed=rank)  # differs per rank until the broadcast
+            optimizer = pct.DistributedOptimizer(
+                make_optimizer(model),
+                named_parameters=model.named_parameters(),
+                backward_passes_per_step=k,
+            )
+            pct.broadcast_parameters(model.state_dict(), root_rank=0)
+            torch.save(model.state_dict(), out / f"initial{k}.{rank}.pt")
+            train(model, optimizer, shard, micro_batches=k)
+            torch.save(model.state_dict(), out / f"final{k}.{rank}.pt")
         # Only the root has stepped (momentum buffers) and its learning rate differs.
-        optimizer = make_optimizer(model, lr=0.5 if rank == 0 else LR)
+        model = make_model(seed=0)
+        plain = make_optimizer(model, lr=0.5 if rank == 0 else LR)
         if rank == 0:
-            train(model, optimizer, lambda t: t)
-        pct.broadcast_optimizer_state(optimizer, root_rank=0)
-        torch.save(optimizer.state_dict(), out / f"optimizer{rank}.pt")
+            train(model, plain, lambda t: t)
+        pct.broadcast_optimizer_state(plain, root_rank=0)
+        torch.save(plain.state_dict(), out / f"optimizer{rank}.pt")
     elif scenario == "die":
         # Rank 1 dies after the first step; the others must raise, not hang.
         model = make_model(seed=0)
@@ -206,32 +206,42 @@ def assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_sharded_training_matches_one_process_on_the_full_batch(n: int, tmp_path: Path) -> None:
-    run_ranks(n, "train", tmp_path)
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}ranks")
+def trained(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[int, Path]:
+    """Runs the "train" program once per rank count; the tests below read what it saved."""
+    n: int = request.param
+    out = tmp_path_factory.mktemp(f"train{n}")
+    run_ranks(n, "train", out)
+    return n, out
+
+
+def test_sharded_training_matches_one_process_on_the_full_batch(trained: tuple[int, Path]) -> None:
+    n, out = trained
     want_initial = make_model(seed=0).state_dict()
     want_final = reference()
     # The parameters did move, so equality below is not trivial.
     assert not torch.allclose(want_final["0.weight"], want_initial["0.weight"])
     for r in range(n):
-        assert_close(load(tmp_path / f"initial{r}.pt"), want_initial)
-        assert_close(load(tmp_path / f"final{r}.pt"), want_final)
+        assert_close(load(out / f"initial1.{r}.pt"), want_initial)
+        assert_close(load(out / f"final1.{r}.pt"), want_final)
 
 
-def test_gradient_accumulation_over_backward_passes(tmp_path: Path) -> None:
-    run_ranks(2, "accumulate", tmp_path)
+def test_gradient_accumulation_over_backward_passes(trained: tuple[int, Path]) -> None:
+    n, out = trained
     want = reference(micro_batches=2)
-    for r in range(2):
-        assert_close(load(tmp_path / f"final{r}.pt"), want)
+    for r in range(n):
+        assert_close(load(out / f"final2.{r}.pt"), want)
 
 
-def test_broadcast_optimizer_state_gives_every_rank_the_roots(tmp_path: Path) -> None:
-    run_ranks(3, "optimizer_state", tmp_path)
-    root = torch.load(tmp_path / "optimizer0.pt", weights_only=True)
+def test_broadcast_optimizer_state_gives_every_rank_the_roots(trained: tuple[int, Path]) -> None:
+    n, out = trained
+    root = torch.load(out / "optimizer0.pt", weights_only=True)
     assert root["state"], "the root optimizer has momentum buffers"
     assert root["param_groups"][0]["lr"] == 0.5
-    for r in (1, 2):
-        got = torch.load(tmp_path / f"optimizer{r}.pt", weights_only=True)
+    for r in range(1, n):
+        got = torch.load(out / f"optimizer{r}.pt", weights_only=True)
         assert got["param_groups"] == root["param_groups"]
         assert got["state"].keys() == root["state"].keys()
         for key, buffers in root["state"].items():
