@@ -8,6 +8,7 @@ model on the full batches in one process and compares.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ REPO = HERE.parents[1]
 BATCH = 24  # divisible by 1, 2, 3 and 4 ranks
 STEPS = 6
 LR = 0.1
+CLIP = 0.05  # gradient norm bound, below the norms of this model's gradients
 RUN_TIMEOUT_S = 90
 
 
@@ -64,21 +66,31 @@ def train(
     optimizer: torch.optim.Optimizer,
     shard: Callable[[torch.Tensor], torch.Tensor],
     micro_batches: int = 1,
+    clip: float | None = None,
 ) -> None:
-    """Train on ``shard`` of every batch, in ``micro_batches`` backward passes per step."""
+    """Train on ``shard`` of every batch, in ``micro_batches`` backward passes per step,
+    clipping the (reduced) gradients' norm to ``clip``."""
     loss_fn = torch.nn.CrossEntropyLoss()
     for x, y in batches():
         xs, ys = shard(x), shard(y)
         optimizer.zero_grad()
         for mx, my in zip(xs.chunk(micro_batches), ys.chunk(micro_batches), strict=True):
             (loss_fn(forward(model, mx), my) / micro_batches).backward()
-        optimizer.step()
+        if clip is None:
+            optimizer.step()
+            continue
+        distributed = hasattr(optimizer, "skip_synchronize")
+        if distributed:
+            optimizer.synchronize()  # type: ignore[attr-defined]
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        with optimizer.skip_synchronize() if distributed else contextlib.nullcontext():  # type: ignore[attr-defined]
+            optimizer.step()
 
 
-def reference(micro_batches: int = 1) -> dict[str, torch.Tensor]:
+def reference(micro_batches: int = 1, clip: float | None = None) -> dict[str, torch.Tensor]:
     """One process, full batches: what every rank must end with."""
     model = make_model(seed=0)
-    train(model, make_optimizer(model), lambda t: t, micro_batches)
+    train(model, make_optimizer(model), lambda t: t, micro_batches, clip)
     return model.state_dict()
 
 
@@ -95,8 +107,8 @@ def rank_main(scenario: str, out: Path) -> None:
         return t.chunk(size)[rank]
 
     if scenario == "train":
-        # Plain steps (k=1), then accumulation over two backward passes per step (k=2).
-        for k in (1, 2):
+        # Plain steps, accumulation over two backward passes per step, gradient clipping.
+        for variant, k, clip in (("1", 1, None), ("2", 2, None), ("clip", 1, CLIP)):
             model = make_model(seed=rank)  # differs per rank until the broadcast
             optimizer = pct.DistributedOptimizer(
                 make_optimizer(model),
@@ -104,9 +116,9 @@ def rank_main(scenario: str, out: Path) -> None:
                 backward_passes_per_step=k,
             )
             pct.broadcast_parameters(model.state_dict(), root_rank=0)
-            torch.save(model.state_dict(), out / f"initial{k}.{rank}.pt")
-            train(model, optimizer, shard, micro_batches=k)
-            torch.save(model.state_dict(), out / f"final{k}.{rank}.pt")
+            torch.save(model.state_dict(), out / f"initial{variant}.{rank}.pt")
+            train(model, optimizer, shard, micro_batches=k, clip=clip)
+            torch.save(model.state_dict(), out / f"final{variant}.{rank}.pt")
         # Only the root has stepped (momentum buffers) and its learning rate differs.
         model = make_model(seed=0)
         plain = make_optimizer(model, lr=0.5 if rank == 0 else LR)
@@ -233,6 +245,14 @@ def test_gradient_accumulation_over_backward_passes(trained: tuple[int, Path]) -
     want = reference(micro_batches=2)
     for r in range(n):
         assert_close(load(out / f"final2.{r}.pt"), want)
+
+
+def test_gradient_clipping_between_synchronize_and_step(trained: tuple[int, Path]) -> None:
+    n, out = trained
+    want = reference(clip=CLIP)
+    assert not torch.allclose(want["0.weight"], reference()["0.weight"]), "clipping clipped"
+    for r in range(n):
+        assert_close(load(out / f"finalclip.{r}.pt"), want)
 
 
 def test_broadcast_optimizer_state_gives_every_rank_the_roots(trained: tuple[int, Path]) -> None:
