@@ -3,8 +3,6 @@
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstdio>
-#include <map>
-#include <mutex>
 #include <cstring>
 #include <fcntl.h>
 #include <netdb.h>
@@ -34,21 +32,6 @@ bool wait_fd(int fd, short events, Clock::time_point deadline) {
     if (r == 0) return false;
     if (errno != EINTR) throw CollectiveError(errno_str("poll"));
   }
-}
-
-long read_sysctl(const char* path) {
-  static std::mutex mu;
-  static std::map<std::string, long> cache;
-  std::lock_guard<std::mutex> lk(mu);
-  auto it = cache.find(path);
-  if (it != cache.end()) return it->second;
-  long v = 0;
-  if (FILE* f = std::fopen(path, "r")) {
-    if (std::fscanf(f, "%ld", &v) != 1) v = 0;
-    std::fclose(f);
-  }
-  cache[path] = v;
-  return v;
 }
 
 }  // namespace
@@ -112,16 +95,8 @@ int accept_until(int listen_fd, Clock::time_point deadline) {
 void tune_socket(int fd) {
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  // Big buffers only where the kernel allows them: a fixed SO_RCVBUF/SO_SNDBUF turns off the
-  // kernel's autotuning (up to tcp_rmem/tcp_wmem max), so a size clamped by rmem_max/wmem_max
-  // would be slower than leaving it alone.
-  const int want = 4 << 20;
-  if (read_sysctl("/proc/sys/net/core/wmem_max") >= want) {
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof want);
-  }
-  if (read_sysctl("/proc/sys/net/core/rmem_max") >= want) {
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &want, sizeof want);
-  }
+  // Socket buffers are left to the kernel: a fixed SO_SNDBUF/SO_RCVBUF turns off its autotuning
+  // (up to tcp_wmem/tcp_rmem max), which measured 1.5x slower at 64 MiB on loopback.
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
