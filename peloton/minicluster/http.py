@@ -302,6 +302,8 @@ class _MasterHandler(_Handler):
             return
         try:
             self._handle(body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the caller hung up: nobody to answer
         except Exception as exc:
             # A bug must not leave the caller waiting on a closed connection: say so.
             log.exception("minicluster call failed")
