@@ -417,7 +417,7 @@ def test_an_unplaceable_gang_goes_back_with_a_reason_and_stays_ready(
     assert Launcher(source, hostmgr, jobs).run_once() == 0
     ((returned, reason),) = source.returned
     assert returned is gang
-    assert reason.startswith("only 1 of 3 tasks")
+    assert reason.startswith("needs 3 tasks of gpu 4") and "hold 1" in reason
     assert {t.state for t in jobs.list_tasks(job.id)[0]} == {TaskState.READY}
     assert master.calls_of("ACCEPT") == []
     assert [h.hostname for h in hostmgr.snapshot()] == ["h1"]  # no lease left behind

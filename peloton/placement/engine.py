@@ -101,6 +101,7 @@ class Snapshot:
 
     def __init__(self, hosts: Iterable[HostOffers]) -> None:
         self._classes: dict[tuple[object, ...], HostClass] = {}
+        self._class_of: dict[str, HostClass] = {}
         for h in hosts:
             self._add(h.hostname, h.free, port_count(h.ports), h.attributes)
 
@@ -113,12 +114,22 @@ class Snapshot:
         if cls is None:
             cls = self._classes[key] = HostClass(free, ports, dict(attrs))
         cls.hostnames.append(name)
+        self._class_of[name] = cls
+
+    def drop(self, hostnames: Iterable[str]) -> None:
+        """Leave these hosts out of the rest of the round (e.g. leased whole by a placement)."""
+        for name in hostnames:
+            cls = self._class_of.pop(name, None)
+            if cls is not None:
+                cls.hostnames.remove(name)
 
     def take(self, choice: Choice, per: Resources, nports: int) -> list[str]:
         """Hostnames by rank for ``choice``; their free resources shrink accordingly."""
         by_rank: list[str] = []
         for cls, tasks, hosts in choice.parts:
-            names = [cls.hostnames.pop() for _ in range(hosts)]
+            names = [cls.hostnames.pop(0) for _ in range(hosts)]  # in snapshot order
+            for name in names:
+                del self._class_of[name]
             left = cls.free - per.scale(tasks) - EXECUTOR_RESOURCES
             for name in names:
                 self._add(name, left, cls.ports - nports * tasks, cls.attributes)

@@ -1,10 +1,11 @@
-"""The launcher: admitted gangs -> first-fit placement -> leases -> one task group per host.
+"""The launcher: admitted gangs -> placement -> leases -> one task group per host.
 
 A loop on its own thread, woken when offers arrive or the resource manager admits gangs (and
-once a second regardless). For each gang it takes: place every task (first fit on the offer
-pool's snapshot), lease every host it uses or none, record READY -> PLACING -> PLACED ->
-LAUNCHING, and launch. Anything that fails before the launch releases the leases and hands the
-gang back to the resource manager with the reason, which becomes the job's pending reason.
+once a second regardless). For each gang it takes: place every task (the placement engine, on
+one snapshot of the offer pool per round), lease every host it uses or none, record READY ->
+PLACING -> PLACED -> LAUNCHING, and launch. Anything that fails before the launch releases the
+leases and hands the gang back to the resource manager with the reason, which becomes the job's
+pending reason.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, take_ports
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import TaskUpdate
 from peloton.jobmgr.states import TaskState
-from peloton.placement import firstfit
+from peloton.placement import engine
 
 log = logging.getLogger(__name__)
 
@@ -92,19 +93,19 @@ class Launcher:
         launched = 0
         # One snapshot per round (taking one costs a pass over every host); hosts this round
         # leased are left out of it for the next gangs.
-        snapshot = self._hosts.snapshot() if gangs else []
+        snapshot = engine.Snapshot(self._hosts.snapshot() if gangs else [])
         for gang in gangs:
             try:
                 used = self._place_and_launch(gang, snapshot)
                 launched += 1
-                snapshot = [h for h in snapshot if h.hostname not in used]
+                snapshot.drop(used)
             except _NotPlaced as exc:
                 self._source.return_admitted(gang, str(exc))
         return launched
 
-    def _place_and_launch(self, gang: Gang, snapshot: Sequence[HostOffers]) -> set[str]:
+    def _place_and_launch(self, gang: Gang, snapshot: engine.Snapshot) -> set[str]:
         """Place, lease, record and launch one gang; returns the hosts it leased."""
-        placement = firstfit.place(gang, snapshot)
+        placement = engine.place_on(gang, snapshot)
         if placement.hosts is None:
             raise _NotPlaced(placement.reason)
         leases = self._lease_all(sorted(set(placement.hosts)))
