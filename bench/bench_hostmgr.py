@@ -12,7 +12,7 @@ SQLite database, and measures:
 
 * **offers**: from SUBSCRIBE until every agent's offer sits in the offer pool (parsed, per-host,
   host records written), so offers/s = agents / that time.
-* **launch**: ``--gangs`` gangs of ``--gang-size`` one-GPU tasks are admitted at once; the first-fit
+* **launch**: ``--gangs`` gangs of ``--gang-size`` one-GPU tasks are admitted at once; the
   launcher places them (leases, READY -> PLACING -> PLACED -> LAUNCHING in the database) and sends
   one ACCEPT per host; tasks/s = tasks / time until the last ACCEPT was sent, and also until every
   task's TASK_RUNNING was persisted and acknowledged.
@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  offers, first subscription : {results['offers_first_per_s']:10.0f} offers/s")
     tasks = args.gangs * args.gang_size
     print(
-        f"  launch ({args.gangs} gangs x {args.gang_size}, first fit, up to ACCEPT): "
+        f"  launch ({args.gangs} gangs x {args.gang_size}, placement engine, up to ACCEPT): "
         f"{results['launch_tasks_per_s']:8.0f} tasks/s ({tasks} tasks)"
     )
     print(f"  launch up to TASK_RUNNING persisted: {results['running_tasks_per_s']:8.0f} tasks/s")
