@@ -143,7 +143,6 @@ class ResourceManager:
         self._seq = 0
         self._reasons: dict[str, tuple[str, str]] = {}  # last pending reason written, per job
         self._starved: set[str] = set()  # jobs starved for capacity in the previous cycle
-        self._entitlements = Entitlements({}, {})
         self._statuses: dict[str, PoolStatus] = {}
         # Changed jobs, told by the job manager; and gangs admitted but not yet placed.
         self._wake = threading.Condition()
@@ -327,8 +326,9 @@ class ResourceManager:
             for pool, decision in decisions.items():
                 starved_now.update(self._preempt_for(pool, decision, ents, usage, free))
             self._starved = starved_now
-            self._entitlements = self._compute()
-            self._statuses = self._build_statuses(self._entitlements)
+            # Admission and preemption move tasks between queue and allocation; demand (their
+            # sum) and so the entitlements stay as computed.
+            self._statuses = self._build_statuses(ents)
 
     def _refresh_dirty(self) -> None:
         with self._wake:
