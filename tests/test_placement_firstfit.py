@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from peloton.gang import Gang
 from peloton.hostmgr.offers import HostOffers
-from peloton.placement.firstfit import EXECUTOR_RESOURCES, place
+from peloton.placement.firstfit import EXECUTOR_RESOURCES, matches, place
 from peloton.resources import Resources
 from peloton.v1 import common_pb2, job_pb2
 
@@ -88,3 +88,59 @@ def test_a_placement_never_overcommits_a_host(n: int, frees: list[tuple[int, int
         if k:
             need = g.per_task.scale(k) + EXECUTOR_RESOURCES
             assert need.fits_in(h.free)
+
+
+# ---------------------------------------------------------------------------- any_of (OR)
+
+
+def leaf(attribute: str, op: str, *values: str) -> job_pb2.Constraint:
+    return job_pb2.Constraint(attribute=attribute, op=op, values=values)
+
+
+def any_of(*branches: job_pb2.Constraint) -> job_pb2.Constraint:
+    return job_pb2.Constraint(any_of=branches)
+
+
+def test_any_of_holds_when_one_branch_does_and_the_list_stays_and() -> None:
+    model = leaf("gpu_model", "in", "A100", "H100")
+    rack_or_zone = any_of(leaf("rack", "eq", "r1"), leaf("zone", "exists"))
+    assert matches([model, rack_or_zone], {"gpu_model": "A100", "rack": "r1"})
+    assert matches([model, rack_or_zone], {"gpu_model": "H100", "rack": "r2", "zone": "z"})
+    assert not matches([model, rack_or_zone], {"gpu_model": "A100", "rack": "r2"})
+    assert not matches([model, rack_or_zone], {"gpu_model": "V100", "rack": "r1"})
+    assert not matches([any_of(leaf("ssd", "exists"))], {})
+
+
+def test_an_any_of_constraint_filters_hosts() -> None:
+    g = gang(2)
+    g.spec.task.constraints.append(any_of(leaf("rack", "eq", "r2"), leaf("rack", "eq", "r3")))
+    hosts = [host("a", rack="r1"), host("b", rack="r3")]
+    assert place(g, hosts).hosts == ("b", "b")
+
+
+ATTRIBUTES = st.dictionaries(
+    st.sampled_from(["rack", "zone", "gpu_model"]), st.sampled_from(["a", "b", "c"]), max_size=3
+)
+LEAVES = st.builds(
+    leaf,
+    st.sampled_from(["rack", "zone", "gpu_model"]),
+    st.sampled_from(["in", "not_in", "eq", "exists"]),
+    *[st.sampled_from(["a", "b"])] * 2,
+).map(lambda c: c if c.op != "exists" else leaf(c.attribute, "exists"))
+
+
+@given(
+    st.lists(LEAVES, max_size=4),
+    st.lists(st.lists(LEAVES, min_size=1, max_size=4), max_size=3),
+    ATTRIBUTES,
+)
+def test_any_of_is_the_or_of_its_branches(
+    plain: list[job_pb2.Constraint],
+    ors: list[list[job_pb2.Constraint]],
+    attributes: dict[str, str],
+) -> None:
+    constraints = plain + [any_of(*branches) for branches in ors]
+    expected = matches(plain, attributes) and all(
+        any(matches([b], attributes) for b in branches) for branches in ors
+    )
+    assert matches(constraints, attributes) == expected

@@ -65,6 +65,9 @@ def check(text: str) -> job_pb2.JobSpec:
 
 Mutation = Callable[[dict[str, Any]], None]
 
+# A valid leaf constraint, for building any_of cases.
+LEAF: dict[str, Any] = {"attribute": "rack", "op": "eq", "values": ["r1"]}
+
 
 def setting(path: str, value: Any) -> Mutation:
     """Set a dotted path (``task.resources.gpu``) of the example spec."""
@@ -242,6 +245,66 @@ BAD_SPECS: list[tuple[str, str, str, str]] = [
         mutated(setting("task.constraints", [{"attribute": "", "op": "exists"}])),
         "task.constraints[0].attribute",
         "host attribute",
+    ),
+    (
+        "any-of-leaf-bad-op",
+        mutated(setting("task.constraints", [LEAF, {"any_of": [{"attribute": "rack"}]}])),
+        "task.constraints[1].any_of[0].op",
+        "unknown op ''",
+    ),
+    (
+        "any-of-with-attribute",
+        mutated(setting("task.constraints", [{"attribute": "rack", "any_of": [LEAF]}])),
+        "task.constraints[0].attribute",
+        "not allowed beside any_of",
+    ),
+    (
+        "any-of-with-values",
+        mutated(setting("task.constraints", [{"values": ["x"], "any_of": [LEAF]}])),
+        "task.constraints[0].values",
+        "not allowed beside any_of",
+    ),
+    (
+        "any-of-empty",
+        mutated(setting("task.constraints", [LEAF, {"any_of": []}])),
+        "task.constraints[1]",
+        "non-empty any_of",
+    ),
+    (
+        "any-of-too-deep",
+        mutated(setting("task.constraints", [{"any_of": [LEAF, {"any_of": [LEAF]}]}])),
+        "task.constraints[0].any_of[1].any_of",
+        "at most 2 levels deep",
+    ),
+    (
+        "any-of-leaf-eq-two-values",
+        mutated(
+            setting(
+                "task.constraints",
+                [{"any_of": [LEAF, {"attribute": "zone", "op": "eq", "values": ["a", "b"]}]}],
+            )
+        ),
+        "task.constraints[0].any_of[1].values",
+        "exactly one value",
+    ),
+    (
+        "any-of-unknown-key",
+        mutated(setting("task.constraints", [{"any_of": [{"attribute": "rack", "opp": "eq"}]}])),
+        "task.constraints[0].any_of[0].opp",
+        "did you mean task.constraints[0].any_of[0].op?",
+    ),
+    (
+        "constraints-too-many-with-any-of",
+        mutated(setting("task.constraints", [{"any_of": [LEAF] * 16}, {"any_of": [LEAF] * 15}])),
+        "task.constraints",
+        "at most 32 constraints, those inside any_of included (got 33)",
+    ),
+    # placement
+    (
+        "unknown-placement",
+        mutated(setting("placement", "scatter")),
+        "placement",
+        "unknown placement 'scatter'; use pack or spread",
     ),
     # command
     ("empty-command", mutated(setting("task.command", "")), "task.command", "must not be empty"),
@@ -490,6 +553,16 @@ def test_example_spec_defaults_change_nothing() -> None:
                 {"attribute": "zone", "op": "not_in", "values": ["z"]},
             ],
         ),
+        setting(
+            "task.constraints",
+            [
+                {"attribute": "gpu_model", "op": "in", "values": ["A100", "H100"]},
+                {"any_of": [LEAF, {"attribute": "zone", "op": "exists"}]},
+            ],
+        ),
+        setting("task.constraints", [{"any_of": [LEAF] * 15}, {"any_of": [LEAF] * 15}]),
+        setting("placement", "pack"),
+        setting("placement", "spread"),
         setting("task.ports", [f"p{i}" for i in range(16)]),
         setting("task.env", {"_X": "1", "PELOTONX": "ok"}),
         setting("pool", "/"),
@@ -575,3 +648,29 @@ def test_parse_message_dict_reports_nested_unknown_keys() -> None:
         specs.parse_message_dict({"resources": {"cpuu": 1}}, job_pb2.TaskSpec())
     assert info.value.field == "resources.cpuu"
     assert "did you mean resources.cpu?" in info.value.reason
+
+
+def test_any_of_from_yaml() -> None:
+    text = MINIMAL_YAML.replace(
+        "  resources: {cpu: 0.5, mem_mb: 128}\n",
+        """\
+  resources: {cpu: 0.5, mem_mb: 128}
+  constraints:
+    - {attribute: gpu_model, op: in, values: [A100, H100]}
+    - any_of:
+        - {attribute: rack, op: eq, values: [r1]}
+        - {attribute: zone, op: exists}
+""",
+    )
+    first, either = check(text).task.constraints
+    assert first.attribute == "gpu_model" and not first.any_of
+    assert [(c.attribute, c.op, list(c.values)) for c in either.any_of] == [
+        ("rack", "eq", ["r1"]),
+        ("zone", "exists", []),
+    ]
+    assert not (either.attribute or either.op or either.values)
+
+
+def test_placement_is_kept_and_empty_means_pack() -> None:
+    assert check(MINIMAL_YAML + "placement: spread\n").placement == "spread"
+    assert check(MINIMAL_YAML).placement == ""  # empty is pack; no default is written

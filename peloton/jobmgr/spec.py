@@ -40,7 +40,11 @@ MAX_CPU = 4096.0
 MAX_MEM_MB = 16 * 1024 * 1024.0
 MAX_DISK_MB = 1024 * 1024 * 1024.0
 MAX_GPU = 64
+# Constraints in all, those inside any_of included.
 MAX_CONSTRAINTS = 32
+# Levels of constraint lists: the task's list is 1, an any_of in it 2. An any_of directly in an
+# any_of would add nothing (OR of ORs), so 2 is also the useful limit.
+MAX_CONSTRAINT_DEPTH = 2
 MAX_CONSTRAINT_VALUES = 64
 MAX_PORTS = 16
 MAX_FAILURES = 100
@@ -49,6 +53,8 @@ MAX_KILL_GRACE_SECONDS = 3_600
 MAX_RUNTIME_SECONDS = 365 * 86_400
 
 CONSTRAINT_OPS = ("in", "not_in", "eq", "exists")
+# JobSpec.placement; empty means the first.
+PLACEMENTS = ("pack", "spread")
 # Variables peloton and Mesos set in every task; a spec may not override them.
 RESERVED_ENV_PREFIXES = ("PELOTON_", "MESOS_")
 
@@ -176,6 +182,10 @@ def validate_job_spec(spec: job_pb2.JobSpec) -> None:
         )
     if spec.max_runtime_seconds > MAX_RUNTIME_SECONDS:
         raise InvalidArgument("max_runtime_seconds", f"must be at most {MAX_RUNTIME_SECONDS}")
+    if spec.placement and spec.placement not in PLACEMENTS:
+        raise InvalidArgument(
+            "placement", f"unknown placement {spec.placement!r}; use {' or '.join(PLACEMENTS)}"
+        )
 
 
 def _check_name(name: str) -> None:
@@ -268,25 +278,61 @@ def _check_resources(task: job_pb2.TaskSpec) -> None:
 
 
 def _check_constraints(constraints: Any) -> None:
-    if len(constraints) > MAX_CONSTRAINTS:
-        raise InvalidArgument("task.constraints", f"at most {MAX_CONSTRAINTS} constraints")
+    total = _count_constraints(constraints)
+    if total > MAX_CONSTRAINTS:
+        raise InvalidArgument(
+            "task.constraints",
+            f"at most {MAX_CONSTRAINTS} constraints, those inside any_of included (got {total})",
+        )
+    _check_constraint_list(constraints, "task.constraints", 1)
+
+
+def _count_constraints(constraints: Any) -> int:
+    return sum(1 + _count_constraints(c.any_of) for c in constraints)
+
+
+def _check_constraint_list(constraints: Any, field: str, depth: int) -> None:
     for i, c in enumerate(constraints):
-        field = f"task.constraints[{i}]"
-        if not _ATTRIBUTE_RE.match(c.attribute):
-            raise InvalidArgument(f"{field}.attribute", "must name a host attribute")
-        if c.op not in CONSTRAINT_OPS:
-            raise InvalidArgument(
-                f"{field}.op", f"unknown op {c.op!r}; use one of {', '.join(CONSTRAINT_OPS)}"
-            )
-        n = len(c.values)
-        if c.op in ("in", "not_in") and n == 0:
-            raise InvalidArgument(f"{field}.values", f"op {c.op} needs at least one value")
-        if c.op == "eq" and n != 1:
-            raise InvalidArgument(f"{field}.values", "op eq needs exactly one value")
-        if c.op == "exists" and n != 0:
-            raise InvalidArgument(f"{field}.values", "op exists takes no values")
-        if n > MAX_CONSTRAINT_VALUES:
-            raise InvalidArgument(f"{field}.values", f"at most {MAX_CONSTRAINT_VALUES} values")
+        item = f"{field}[{i}]"
+        if c.any_of:
+            _check_any_of(c, item, depth)
+        elif not (c.attribute or c.op or c.values):
+            raise InvalidArgument(item, "needs attribute and op, or a non-empty any_of")
+        else:
+            _check_leaf(c, item)
+
+
+def _check_any_of(c: job_pb2.Constraint, field: str, depth: int) -> None:
+    beside = [name for name in ("attribute", "op", "values") if getattr(c, name)]
+    if beside:
+        raise InvalidArgument(
+            f"{field}.{beside[0]}", "not allowed beside any_of; put it in an any_of branch"
+        )
+    if depth >= MAX_CONSTRAINT_DEPTH:
+        raise InvalidArgument(
+            f"{field}.any_of",
+            f"constraints nest at most {MAX_CONSTRAINT_DEPTH} levels deep (an any_of in an any_of "
+            "adds nothing: list its branches directly)",
+        )
+    _check_constraint_list(c.any_of, f"{field}.any_of", depth + 1)
+
+
+def _check_leaf(c: job_pb2.Constraint, field: str) -> None:
+    if not _ATTRIBUTE_RE.match(c.attribute):
+        raise InvalidArgument(f"{field}.attribute", "must name a host attribute")
+    if c.op not in CONSTRAINT_OPS:
+        raise InvalidArgument(
+            f"{field}.op", f"unknown op {c.op!r}; use one of {', '.join(CONSTRAINT_OPS)}"
+        )
+    n = len(c.values)
+    if c.op in ("in", "not_in") and n == 0:
+        raise InvalidArgument(f"{field}.values", f"op {c.op} needs at least one value")
+    if c.op == "eq" and n != 1:
+        raise InvalidArgument(f"{field}.values", "op eq needs exactly one value")
+    if c.op == "exists" and n != 0:
+        raise InvalidArgument(f"{field}.values", "op exists takes no values")
+    if n > MAX_CONSTRAINT_VALUES:
+        raise InvalidArgument(f"{field}.values", f"at most {MAX_CONSTRAINT_VALUES} values")
 
 
 def _check_ports(ports: Any) -> None:

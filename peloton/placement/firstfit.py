@@ -29,20 +29,26 @@ class Placement:
 
 
 def matches(constraints: Sequence[job_pb2.Constraint], attributes: Mapping[str, str]) -> bool:
-    """Whether a host's attributes satisfy every constraint (ops: in, not_in, eq, exists)."""
+    """Whether a host's attributes satisfy every constraint (AND); an ``any_of`` item holds when
+    any of its branches does (OR). Leaf ops: in, not_in, eq, exists."""
     for c in constraints:
-        value = attributes.get(c.attribute)
-        if c.op == "exists":
-            ok = value is not None
-        elif c.op in ("in", "eq"):
-            ok = value is not None and value in c.values
-        elif c.op == "not_in":
-            ok = value is None or value not in c.values
+        if c.any_of:
+            ok = any(matches((branch,), attributes) for branch in c.any_of)
         else:
-            ok = False
+            ok = _holds(c, attributes.get(c.attribute))
         if not ok:
             return False
     return True
+
+
+def _holds(leaf: job_pb2.Constraint, value: str | None) -> bool:
+    if leaf.op == "exists":
+        return value is not None
+    if leaf.op in ("in", "eq"):
+        return value is not None and value in leaf.values
+    if leaf.op == "not_in":
+        return value is None or value not in leaf.values
+    return False
 
 
 def place(gang: Gang, hosts: Sequence[HostOffers]) -> Placement:

@@ -94,7 +94,9 @@ Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
 class Constraint(_message.Message):
     """---------------------------------------------------------------- job spec
 
-    A constraint on a host attribute (a Mesos agent attribute such as `rack` or `gpu_model`).
+    A constraint on a host attribute (a Mesos agent attribute such as `rack` or `gpu_model`), or
+    with `any_of` an OR of constraints (then attribute, op and values stay empty).
+    A list of constraints holds when every item holds (AND).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -102,21 +104,27 @@ class Constraint(_message.Message):
     ATTRIBUTE_FIELD_NUMBER: _builtins.int
     OP_FIELD_NUMBER: _builtins.int
     VALUES_FIELD_NUMBER: _builtins.int
+    ANY_OF_FIELD_NUMBER: _builtins.int
     attribute: _builtins.str
     op: _builtins.str
     """One of: in, not_in, eq, exists."""
     @_builtins.property
     def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def any_of(self) -> _containers.RepeatedCompositeFieldContainer[Global___Constraint]:
+        """Holds when any of these holds."""
+
     def __init__(
         self,
         *,
         attribute: _builtins.str = ...,
         op: _builtins.str = ...,
         values: _abc.Iterable[_builtins.str] | None = ...,
+        any_of: _abc.Iterable[Global___Constraint] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribute", b"attribute", "op", b"op", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["any_of", b"any_of", "attribute", b"attribute", "op", b"op", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -291,6 +299,7 @@ class JobSpec(_message.Message):
     RESTART_FIELD_NUMBER: _builtins.int
     PREEMPTION_FIELD_NUMBER: _builtins.int
     MAX_RUNTIME_SECONDS_FIELD_NUMBER: _builtins.int
+    PLACEMENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     pool: _builtins.str
     """Leaf resource pool path, e.g. /research/vision."""
@@ -299,6 +308,10 @@ class JobSpec(_message.Message):
     instances: _builtins.int
     max_runtime_seconds: _builtins.int
     """0 means no limit."""
+    placement: _builtins.str
+    """How the gang's tasks are laid out on hosts: "pack" (empty means pack: fewest hosts and
+    racks) or "spread" (one task per host where possible, over as many racks as possible).
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -322,10 +335,11 @@ class JobSpec(_message.Message):
         restart: Global___RestartPolicy | None = ...,
         preemption: Global___PreemptionPolicy | None = ...,
         max_runtime_seconds: _builtins.int = ...,
+        placement: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "preemption", b"preemption", "restart", b"restart", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "instances", b"instances", "labels", b"labels", "max_runtime_seconds", b"max_runtime_seconds", "name", b"name", "pool", b"pool", "preemption", b"preemption", "priority", b"priority", "restart", b"restart", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "instances", b"instances", "labels", b"labels", "max_runtime_seconds", b"max_runtime_seconds", "name", b"name", "placement", b"placement", "pool", b"pool", "preemption", b"preemption", "priority", b"priority", "restart", b"restart", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
