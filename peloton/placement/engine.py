@@ -23,15 +23,18 @@ the same free resources and attributes form one class, so a round costs per clas
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from peloton.gang import Gang
 from peloton.hostmgr.offers import HostOffers, port_count
 from peloton.placement.firstfit import EXECUTOR_RESOURCES, Placement, matches
 from peloton.resmgr.admission import describe
+from peloton.resmgr.pool import format_amount
 from peloton.resources import EPSILON, KINDS, Resources
+from peloton.v1 import job_pb2
 
 # A task asking for nothing fits any number of times; count it as this many.
 _UNBOUNDED = 1 << 20
@@ -87,12 +90,22 @@ class Choice:
 
     parts: tuple[tuple[HostClass, int, int], ...]
 
-    def score(self, gpu_per_task: float) -> tuple[int, int, float]:
+    @property
+    def hosts(self) -> int:
+        return sum(h for _, _, h in self.parts)
+
+    @property
+    def racks(self) -> int:
+        return len({c.rack for c, _, _ in self.parts})
+
+    def pack_score(self, gpu_per_task: float) -> tuple[int, int, float]:
         """(hosts, racks, GPUs left idle on the hosts used): lower is better."""
-        hosts = sum(h for _, _, h in self.parts)
-        racks = len({c.rack for c, _, _ in self.parts})
         idle = sum(h * (c.free.gpu - t * gpu_per_task) for c, t, h in self.parts)
-        return hosts, racks, idle
+        return self.hosts, self.racks, idle
+
+    def spread_score(self) -> tuple[int, int, int]:
+        """(most tasks on one host, fewer racks, fewer hosts): lower is better."""
+        return max(t for _, t, _ in self.parts), -self.racks, -self.hosts
 
 
 class Snapshot:
@@ -149,32 +162,74 @@ def place_round(gangs: Sequence[Gang], hosts: Sequence[HostOffers]) -> list[Plac
     return [place_on(gang, snapshot) for gang in gangs]
 
 
+def place_on(gang: Gang, snapshot: Snapshot) -> Placement:
+    """Place ``gang`` on ``snapshot`` (which then holds what is left)."""
+    classes = snapshot.classes()
+    eligible = _eligible(gang, classes)
+    choice = _choose(gang, eligible)
+    if choice is None:
+        return Placement(None, _why_not(gang, classes, eligible, now=True))
+    return Placement(tuple(snapshot.take(choice, gang.per_task, len(gang.spec.task.ports))))
+
+
+def never_fits(gang: Gang, hosts: Sequence[HostOffers]) -> str | None:
+    """None if ``gang`` could be placed on an empty cluster of ``hosts``, else why it never can.
+
+    ``hosts`` carry their total resources (as if nothing ran on them), draining hosts left out;
+    the gang is placed on them exactly as on free offers, so "never" means the engine's "not
+    now" on the emptiest cluster there can be.
+    """
+    classes = Snapshot(hosts).classes()
+    eligible = _eligible(gang, classes)
+    if _choose(gang, eligible) is not None:
+        return None
+    return _why_not(gang, classes, eligible, now=False)
+
+
+def gpu_fragmentation(hosts: Sequence[HostOffers], largest_request: int) -> float:
+    """The share of free GPUs stranded on hosts with fewer free than ``largest_request`` (the
+    largest per-task GPU request waiting): 0.0 when none is stranded or none is free."""
+    free = sum(max(0.0, h.free.gpu) for h in hosts)
+    if free <= EPSILON:
+        return 0.0
+    stranded = sum(max(0.0, h.free.gpu) for h in hosts if h.free.gpu + EPSILON < largest_request)
+    return stranded / free
+
+
 Eligible = list[tuple[HostClass, int]]
 
 
-def place_on(gang: Gang, snapshot: Snapshot) -> Placement:
-    """Place ``gang`` on ``snapshot`` (which then holds what is left)."""
-    task = gang.spec.task
-    per, nports, n = gang.per_task, len(task.ports), gang.size
-    classes = snapshot.classes()
-    constrained = len(task.constraints) > 0
-    eligible = [
+def _eligible(gang: Gang, classes: list[HostClass]) -> Eligible:
+    """Classes that match the task's constraints and hold at least one task, with how many."""
+    constraints = gang.spec.task.constraints
+    per, nports = gang.per_task, len(gang.spec.task.ports)
+    return [
         (c, cap)
         for c in classes
         if (cap := c.capacity(per, nports)) > 0
-        and (not constrained or matches(task.constraints, c.attributes))
+        and (not constraints or matches(constraints, c.attributes))
     ]
+
+
+def _choose(gang: Gang, eligible: Eligible) -> Choice | None:
+    """The best choice of the first tier that holds the gang, by the job's placement."""
+    per, n = gang.per_task, gang.size
     tiers = [eligible]
     if per.gpu <= EPSILON:
         # GPU hosts are kept for GPU work unless nothing else holds the gang.
         tiers = [[(c, k) for c, k in eligible if c.free.gpu <= EPSILON], eligible]
+    spread = gang.spec.placement == "spread"
     for tier in tiers:
         groups = list(_by_model(tier).values()) if per.gpu > EPSILON else [tier]
-        options = [choice for g in groups if (choice := _fewest_hosts(g, n, per.gpu))]
-        if options:
-            best = min(options, key=lambda o: o.score(per.gpu))
-            return Placement(tuple(snapshot.take(best, per, nports)))
-    return Placement(None, _why_not(gang, classes, eligible))
+        if spread:
+            found = [choice for g in groups if (choice := _spread(g, n))]
+            if found:
+                return min(found, key=Choice.spread_score)
+        else:
+            found = [choice for g in groups if (choice := _fewest_hosts(g, n, per.gpu))]
+            if found:
+                return min(found, key=lambda o: o.pack_score(per.gpu))
+    return None
 
 
 def _fewest_hosts(group: Eligible, n: int, gpu: float) -> Choice | None:
@@ -185,16 +240,16 @@ def _fewest_hosts(group: Eligible, n: int, gpu: float) -> Choice | None:
     for c, cap in group:
         racks.setdefault(c.rack, []).append((c, cap))
     fewest = _best_fit(group, n)  # the fewest hosts, wherever they are
-    if fewest is not None and fewest.score(gpu)[1] == 1:
+    if fewest is not None and fewest.pack_score(gpu)[1] == 1:
         return fewest  # already on one rack: nothing can do better on hosts or racks
     options = [fewest]
     # One rack: the tightest racks first; the first that needs no more hosts than the fewest
     # possible is as good as any (it also keeps roomier racks for bigger gangs).
-    least = fewest.score(gpu)[0] if fewest is not None else 0
+    least = fewest.pack_score(gpu)[0] if fewest is not None else 0
     for hosts in sorted((hs for hs in racks.values() if _room(hs) >= n), key=_room):
         option = _best_fit(hosts, n)
         options.append(option)
-        if option is not None and option.score(gpu)[0] <= least:
+        if option is not None and option.pack_score(gpu)[0] <= least:
             break
     # The roomiest racks combined, as few as possible.
     combined: Eligible = []
@@ -204,7 +259,61 @@ def _fewest_hosts(group: Eligible, n: int, gpu: float) -> Choice | None:
             options.append(_best_fit(combined, n))
             break
     found = [o for o in options if o is not None]
-    return min(found, key=lambda o: o.score(gpu)) if found else None
+    return min(found, key=lambda o: o.pack_score(gpu)) if found else None
+
+
+def _spread(group: Eligible, n: int) -> Choice | None:
+    """``n`` tasks as evenly over ``group``'s hosts as their room allows: at the lowest level L
+    at which the hosts hold ``n`` (at most L each), every host takes min(room, L-1) and the rest
+    go one more per host on hosts taken in turn by :func:`_in_turn`."""
+    if _room(group) < n:
+        return None
+    level = _level(group, n)
+    below = [(c, min(cap, level - 1)) for c, cap in group]
+    rest = n - sum(k * len(c.hostnames) for c, k in below)
+    one_more: dict[HostClass, int] = {}
+    for cls in itertools.islice(_in_turn([(c, cap) for c, cap in group if cap >= level]), rest):
+        one_more[cls] = one_more.get(cls, 0) + 1
+    parts = [(c, level, hosts) for c, hosts in one_more.items()]
+    parts += [
+        (c, k, hosts)
+        for c, k in below
+        if k > 0 and (hosts := len(c.hostnames) - one_more.get(c, 0)) > 0
+    ]
+    return Choice(tuple(parts))
+
+
+def _level(group: Eligible, n: int) -> int:
+    """The fewest tasks per host at which ``group`` holds ``n`` (it must hold them at all)."""
+    low, high = 1, max(cap for _, cap in group)
+    while low < high:
+        mid = (low + high) // 2
+        if sum(min(cap, mid) * len(c.hostnames) for c, cap in group) >= n:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def _in_turn(group: Eligible) -> Iterator[HostClass]:
+    """``group``'s hosts (as their classes), one rack at a time in turn, so as many racks as
+    possible are used: racks with the roomiest host first, each rack's roomiest hosts first.
+    Room: how many tasks a host holds, then its free GPUs."""
+    racks: dict[str, list[HostClass]] = {}
+    for c, _ in sorted(group, key=lambda h: (-h[1], -h[0].free.gpu, h[0].hostnames[0])):
+        racks.setdefault(c.rack, []).append(c)
+    turns = [
+        itertools.chain.from_iterable(itertools.repeat(c, len(c.hostnames)) for c in classes)
+        for classes in racks.values()
+    ]
+    while turns:
+        going = []
+        for turn in turns:
+            cls = next(turn, None)
+            if cls is not None:
+                yield cls
+                going.append(turn)
+        turns = going
 
 
 def _best_fit(group: Eligible, n: int) -> Choice | None:
@@ -243,27 +352,121 @@ def _by_model(eligible: Eligible) -> dict[str, Eligible]:
     return out
 
 
-def _why_not(gang: Gang, classes: list[HostClass], eligible: Eligible) -> str:
-    """The binding constraint, for the job's pending reason."""
-    per, n = gang.per_task, gang.size
-    ask = f"{n} tasks of {describe(per)}"
-    offered = sum(len(c.hostnames) for c in classes)
-    if not offered:
-        return f"no host offers free resources; the gang needs {ask}"
-    matching = sum(
-        len(c.hostnames) for c in classes if matches(gang.spec.task.constraints, c.attributes)
-    )
+def _why_not(gang: Gang, classes: list[HostClass], eligible: Eligible, *, now: bool) -> str:
+    """What binds, short and human: the job's pending reason (``now``: on the free offers) or
+    why it can never run (on the cluster's totals)."""
+    hosts = sum(len(c.hostnames) for c in classes)
+    if not hosts:
+        if now:
+            return f"no host offers free resources; the gang needs {_ask(gang)}"
+        return "the cluster has no hosts"
+    matching = [c for c in classes if matches(gang.spec.task.constraints, c.attributes)]
     if not matching:
-        return f"none of {offered} offered hosts matches the task constraints; needs {ask}"
+        return f"none of {hosts} {'offered ' if now else ''}hosts matches the task constraints"
+    free = " free" if now else ""
     if not eligible:
-        return f"none of {matching} matching hosts has room for one task; needs {ask}"
-    largest = max(cap for _, cap in eligible)
+        return _too_big(gang, matching, free) + _ruled_out(gang, classes)
+    return _too_few(gang, matching, eligible, free) + _ruled_out(gang, classes)
+
+
+def _too_big(gang: Gang, matching: list[HostClass], free: str) -> str:
+    """No matching host holds one task: the kind (or ports) that no host has enough of."""
+    per, ports = gang.per_task, len(gang.spec.task.ports)
+    scope = "matching host" if gang.spec.task.constraints else "host"
+    for kind in KINDS:
+        need, most = per.get(kind), max(c.free.get(kind) for c in matching)
+        executor = EXECUTOR_RESOURCES.get(kind)
+        if need > EPSILON and need + executor > most + EPSILON:
+            # The executor's share is what tips a host that has exactly the task's amount.
+            plus = f" plus {executor:g} for the executor" if need <= most + EPSILON else ""
+            return (
+                f"task needs {_amount(need, _UNITS[kind])}{plus}; "
+                f"the largest {scope} has {format_amount(most)}{free}"
+            )
+    most_ports = max(c.ports for c in matching)
+    if ports > most_ports:
+        return f"task needs {_amount(ports, 'ports')}; the largest {scope} has {most_ports}{free}"
+    return f"no {scope} has room for one task ({describe(per)})"
+
+
+def _too_few(gang: Gang, matching: list[HostClass], eligible: Eligible, free: str) -> str:
+    """Hosts hold a task but not the gang: what the best group (GPU model) lacks."""
+    per, n = gang.per_task, gang.size
+    model, group, models = "", eligible, 1
     if per.gpu > EPSILON:
-        model, room = max(((m, _room(g)) for m, g in _by_model(eligible).items()),
-                          key=lambda mr: mr[1])  # fmt: skip
-        named = f" {model}" if model else ""
+        groups = _by_model(eligible)
+        model, group = max(groups.items(), key=lambda mg: _room(mg[1]))
+        models = len(groups)
+    if max(cap for _, cap in group) == 1:  # a task per host: count hosts
+        return _too_few_hosts(gang, matching, group, model if models > 1 else "", free)
+    named = f" {model}" if model else ""
+    room = f"hold {_room(group)} (largest host {max(cap for _, cap in group)})"
+    if per.gpu <= EPSILON:
+        return f"needs {_ask(gang)}; the hosts with room {room}"
+    gpus = sum(c.free.gpu * len(c.hostnames) for c, _ in group)
+    if n * per.gpu > gpus + EPSILON:
         return (
-            f"needs {ask} on one GPU model; the hosts with free{named} GPUs hold {room} "
-            f"(largest host {largest})"
+            f"needs {format_amount(n * per.gpu)} GPUs on one GPU model; "
+            f"the{named} hosts have {format_amount(gpus)}{free}"
         )
-    return f"needs {ask}; the hosts with room hold {_room(eligible)} (largest host {largest})"
+    return f"needs {_ask(gang)} on one GPU model; the hosts with{free}{named} GPUs {room}"
+
+
+def _too_few_hosts(
+    gang: Gang, matching: list[HostClass], group: Eligible, other_models: str, free: str
+) -> str:
+    """Each host holds at most one task: hosts that have room against hosts needed.
+    ``other_models`` names the group's model when hosts of other models have room too."""
+    per, n = gang.per_task, gang.size
+    have = _room(group)
+    model = group[0][0].model
+    room_on = {c for c, _ in group}
+    rest = [c for c in matching if c not in room_on and (per.gpu <= EPSILON or c.model == model)]
+    who = f"{other_models} host" if other_models else "host"
+    counted = f"{have} {who}{'' if have == 1 else 's'} {'has' if have == 1 else 'have'}"
+    if per.gpu > EPSILON and all(c.free.gpu + EPSILON < per.gpu for c in rest):
+        # GPUs bind: every other host of the model has too few.
+        kind = " GPUs of one model" if other_models else f" {model} GPUs" if model else " GPUs"
+        most = max((c.free.gpu for c in rest), default=0.0)
+        tail = f" (the rest have at most {format_amount(most)})" if rest else ""
+        return f"needs {n} hosts with {format_amount(per.gpu)}{free}{kind}; {counted} them{tail}"
+    return f"needs {n} hosts with room for a task ({describe(per)}); {counted} it"
+
+
+def _ruled_out(gang: Gang, classes: list[HostClass]) -> str:
+    """'; rack eq r1 rules out 5 more hosts with room': the constraints that keep the gang off
+    hosts that would hold a task, when any do."""
+    constraints = gang.spec.task.constraints
+    per, nports = gang.per_task, len(gang.spec.task.ports)
+    roomy = [c for c in classes if c.capacity(per, nports) > 0]
+    off = [c for c in roomy if not matches(constraints, c.attributes)]
+    if not off:
+        return ""
+    binding = [item for item in constraints if any(not matches((item,), c.attributes) for c in off)]
+    count = sum(len(c.hostnames) for c in off)
+    names = " and ".join(_describe(item) for item in binding)
+    return f"; {names} rules out {count} more host{'' if count == 1 else 's'} with room"
+
+
+def _describe(c: job_pb2.Constraint) -> str:
+    """A constraint as written in a job spec, in one line: ``rack in [r1, r2]``."""
+    if c.any_of:
+        return f"any_of({' or '.join(_describe(branch) for branch in c.any_of)})"
+    if c.op == "exists":
+        return f"{c.attribute} exists"
+    values = ", ".join(c.values)
+    return f"{c.attribute} {c.op} {values if c.op == 'eq' else f'[{values}]'}"
+
+
+# Resource kinds as reasons name them.
+_UNITS = {"cpu": "cpus", "mem_mb": "MB of memory", "disk_mb": "MB of disk", "gpu": "GPUs"}
+
+
+def _amount(value: float, unit: str) -> str:
+    """``16 GPUs``, ``1 GPU``."""
+    singular = value == 1 and unit in ("cpus", "GPUs", "ports")
+    return f"{format_amount(value)} {unit[:-1] if singular else unit}"
+
+
+def _ask(gang: Gang) -> str:
+    return f"{gang.size} tasks of {describe(gang.per_task)}"
