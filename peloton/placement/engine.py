@@ -1,12 +1,17 @@
-"""Gang placement: a host for every task of a gang or none, packed to keep GPUs whole.
+"""Gang placement: a host for every task of a gang or none, packed to keep GPUs whole or
+spread over hosts and racks.
 
 Pure: it reads a snapshot of the offer pool and returns hostnames by rank; leasing is the
 launcher's job. For one gang:
 
-1. **Filter.** Hosts whose attributes satisfy the task's constraints and that can hold at least one
-   task (every kind, named ports, and the default executor's share once per host). A task without
-   GPUs first tries hosts without free GPUs, so GPU hosts stay for GPU work unless nothing else
-   fits. A GPU gang runs on one ``gpu_model``: hosts are grouped by it and each group is tried.
+1. **Filter.** Hosts whose attributes satisfy the task's constraints (a list ANDed; an ``any_of``
+   item ORs its branches) and that can hold at least one task (every kind, named ports, and the
+   default executor's share once per host). A task without GPUs first tries hosts without free
+   GPUs, so GPU hosts stay for GPU work unless nothing else fits. A GPU gang runs on one
+   ``gpu_model``: hosts are grouped by it and each group is tried.
+
+``placement: pack`` (the default; empty means pack):
+
 2. **Fewest hosts, then fewest racks.** Within a group, every rack (``rack`` attribute) that can
    hold the whole gang is tried; if none can, the racks with the most room are combined, as few
    as possible.
@@ -14,10 +19,30 @@ launcher's job. For one gang:
    host is the *smallest* that holds the rest, so partly used hosts fill up and whole hosts stay
    whole (the fragmentation GPU users complain about).
 
-Candidates are compared by (hosts, racks, GPUs left free on the hosts used): lower is better.
-A task without GPUs trades this for keeping off GPU hosts (step 1).
-Ranks are contiguous per host (local ranks 0..k-1 on each), hosts in the order chosen. Hosts with
-the same free resources and attributes form one class, so a round costs per class, not per host.
+   Candidates are compared by (hosts, racks, GPUs left free on the hosts used): lower is better.
+
+``placement: spread`` (a gang that wants to survive a host or rack failure, or keep its tasks off
+each other's memory bandwidth):
+
+2. **Level.** The fewest tasks per host L at which the group's hosts hold the gang, each at most
+   its room: ``n`` tasks on ``n`` or more hosts go one per host (L = 1); on fewer hosts at most
+   ceil(n / hosts) per host where hosts have that room. Every host takes min(room, L - 1).
+3. **In turn.** The rest go one more per host on hosts taken one rack at a time in turn, so they
+   cover as many racks as there are; racks with the roomiest host first, each rack's roomiest
+   hosts first (room: how many of the task a host holds, then its free GPUs).
+
+   Candidates are compared by (most tasks on one host, then more racks, then more hosts).
+
+Either way a task without GPUs keeps off GPU hosts while others hold the gang (step 1), which
+comes before the comparison. Ranks are contiguous per host (local ranks 0..k-1 on each), hosts in
+the order chosen. Hosts with the same free resources and attributes form one class, so a round
+costs per class, not per host.
+
+When a gang is not placed the reason names what binds: a task bigger than any host, too few hosts
+with room for one task each, or too little room (or too few GPUs) on one GPU model, plus the
+constraints that rule out hosts with room. :func:`never_fits` runs the same placement on the
+cluster's total resources to tell "not now" from "never"; :func:`gpu_fragmentation` measures the
+free GPUs stranded on hosts too small for the largest waiting request.
 """
 
 from __future__ import annotations
@@ -285,7 +310,9 @@ def _spread(group: Eligible, n: int) -> Choice | None:
 
 def _level(group: Eligible, n: int) -> int:
     """The fewest tasks per host at which ``group`` holds ``n`` (it must hold them at all)."""
-    low, high = 1, max(cap for _, cap in group)
+    if sum(len(c.hostnames) for c, _ in group) >= n:
+        return 1  # the common case, one task per host, without the search
+    low, high = 2, max(cap for _, cap in group)
     while low < high:
         mid = (low + high) // 2
         if sum(min(cap, mid) * len(c.hostnames) for c, cap in group) >= n:
@@ -428,7 +455,8 @@ def _too_few_hosts(
         # GPUs bind: every other host of the model has too few.
         kind = " GPUs of one model" if other_models else f" {model} GPUs" if model else " GPUs"
         most = max((c.free.gpu for c in rest), default=0.0)
-        tail = f" (the rest have at most {format_amount(most)})" if rest else ""
+        at_most = f"at most {format_amount(most)}" if most > EPSILON else "none"
+        tail = f" (the rest have {at_most})" if rest else ""
         return f"needs {n} hosts with {format_amount(per.gpu)}{free}{kind}; {counted} them{tail}"
     return f"needs {n} hosts with room for a task ({describe(per)}); {counted} it"
 
@@ -437,6 +465,8 @@ def _ruled_out(gang: Gang, classes: list[HostClass]) -> str:
     """'; rack eq r1 rules out 5 more hosts with room': the constraints that keep the gang off
     hosts that would hold a task, when any do."""
     constraints = gang.spec.task.constraints
+    if not constraints:
+        return ""
     per, nports = gang.per_task, len(gang.spec.task.ports)
     roomy = [c for c in classes if c.capacity(per, nports) > 0]
     off = [c for c in roomy if not matches(constraints, c.attributes)]
