@@ -425,7 +425,7 @@ def _too_few(gang: Gang, matching: list[HostClass], eligible: Eligible, free: st
         model, group = max(groups.items(), key=lambda mg: _room(mg[1]))
         models = len(groups)
     if max(cap for _, cap in group) == 1:  # a task per host: count hosts
-        return _too_few_hosts(gang, matching, group, model if models > 1 else "", free)
+        return _too_few_hosts(gang, matching, group, models > 1, free)
     named = f" {model}" if model else ""
     room = f"hold {_room(group)} (largest host {max(cap for _, cap in group)})"
     if per.gpu <= EPSILON:
@@ -440,25 +440,26 @@ def _too_few(gang: Gang, matching: list[HostClass], eligible: Eligible, free: st
 
 
 def _too_few_hosts(
-    gang: Gang, matching: list[HostClass], group: Eligible, other_models: str, free: str
+    gang: Gang, matching: list[HostClass], group: Eligible, several_models: bool, free: str
 ) -> str:
-    """Each host holds at most one task: hosts that have room against hosts needed.
-    ``other_models`` names the group's model when hosts of other models have room too."""
+    """Each host of ``group`` (one GPU model) holds at most one task: hosts that have room
+    against hosts needed. ``several_models``: other models have hosts with room too."""
     per, n = gang.per_task, gang.size
-    have = _room(group)
-    model = group[0][0].model
+    have, model = _room(group), group[0][0].model
     room_on = {c for c, _ in group}
     rest = [c for c in matching if c not in room_on and (per.gpu <= EPSILON or c.model == model)]
-    who = f"{other_models} host" if other_models else "host"
+    who = f"{model} host" if several_models and model else "host"
     counted = f"{have} {who}{'' if have == 1 else 's'} {'has' if have == 1 else 'have'}"
-    if per.gpu > EPSILON and all(c.free.gpu + EPSILON < per.gpu for c in rest):
-        # GPUs bind: every other host of the model has too few.
-        kind = " GPUs of one model" if other_models else f" {model} GPUs" if model else " GPUs"
-        most = max((c.free.gpu for c in rest), default=0.0)
-        at_most = f"at most {format_amount(most)}" if most > EPSILON else "none"
-        tail = f" (the rest have {at_most})" if rest else ""
-        return f"needs {n} hosts with {format_amount(per.gpu)}{free}{kind}; {counted} them{tail}"
-    return f"needs {n} hosts with room for a task ({describe(per)}); {counted} it"
+    if per.gpu <= EPSILON or any(c.free.gpu + EPSILON >= per.gpu for c in rest):
+        # Hosts with the GPUs lack something else: name the whole task.
+        return f"needs {n} hosts with room for a task ({describe(per)}); {counted} it"
+    named = f"{model} " if model and not several_models else ""
+    of_one = " of one model" if several_models else ""
+    most = max((c.free.gpu for c in rest), default=0.0)
+    at_most = f"at most {format_amount(most)}" if most > EPSILON else "none"
+    tail = f" (the rest have {at_most})" if rest else ""
+    gpus = f"{format_amount(per.gpu)}{free} {named}GPUs{of_one}"
+    return f"needs {n} hosts with {gpus}; {counted} them{tail}"
 
 
 def _ruled_out(gang: Gang, classes: list[HostClass]) -> str:
