@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from peloton.gang import Gang
@@ -129,6 +129,7 @@ LEAVES = st.builds(
 ).map(lambda c: c if c.op != "exists" else leaf(c.attribute, "exists"))
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     st.lists(LEAVES, max_size=4),
     st.lists(st.lists(LEAVES, min_size=1, max_size=4), max_size=3),

@@ -3,12 +3,16 @@ and GPU fragmentation."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_placement_engine import clusters, gang, host
 
 from peloton.gang import Gang
 from peloton.hostmgr.offers import HostOffers
 from peloton.placement import engine
+from peloton.resources import Resources
 from peloton.v1 import job_pb2
 
 
@@ -128,7 +132,7 @@ def test_not_now_is_not_never() -> None:
     assert engine.never_fits(gang(8), totals) is None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(clusters())
 def test_never_fits_is_none_exactly_when_the_empty_cluster_takes_the_gang(
     case: tuple[list[HostOffers], list[Gang]],
@@ -140,6 +144,23 @@ def test_never_fits_is_none_exactly_when_the_empty_cluster_takes_the_gang(
         assert (why is None) == (placed.hosts is not None)
         if why is not None:
             assert why and "free" not in why  # phrased for totals, not for free offers
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(clusters(), st.data())
+def test_a_gang_that_fits_some_free_offers_never_never_fits_the_totals(
+    case: tuple[list[HostOffers], list[Gang]], data: st.DataObject
+) -> None:
+    totals, gangs = case
+    # What is free now: a share of each host's totals, per kind.
+    share = st.floats(0, 1)
+    free = [
+        replace(h, free=Resources(*(v * data.draw(share) for _, v in h.free.items())))
+        for h in totals
+    ]
+    for g in gangs:
+        if engine.place(g, free).hosts is not None:
+            assert engine.never_fits(g, totals) is None
 
 
 # ---------------------------------------------------------------------------- fragmentation
