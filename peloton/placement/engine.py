@@ -21,8 +21,8 @@ launcher's job. For one gang:
 
    Candidates are compared by (hosts, racks, GPUs left free on the hosts used): lower is better.
 
-``placement: spread`` (a gang that wants to survive a host or rack failure, or keep its tasks off
-each other's memory bandwidth):
+``placement: spread`` (tasks that want a host's network, memory bandwidth or disk to themselves,
+such as parameter servers or data loaders):
 
 2. **Level.** The fewest tasks per host L at which the group's hosts hold the gang, each at most
    its room: ``n`` tasks on ``n`` or more hosts go one per host (L = 1); on fewer hosts at most
