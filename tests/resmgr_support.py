@@ -85,6 +85,9 @@ class Harness:
         priority: int = 0,
         preemptible: bool = True,
         min_instances: int = 0,
+        max_failures: int | None = None,
+        backoff_seconds: int | None = None,
+        max_runtime_seconds: int = 0,
     ) -> str:
         spec = job_pb2.JobSpec(
             name=name,
@@ -96,6 +99,11 @@ class Harness:
             ),
         )
         spec.gang.min_instances = min_instances
+        if max_failures is not None:
+            spec.restart.max_failures = max_failures
+        if backoff_seconds is not None:
+            spec.restart.backoff_seconds = backoff_seconds
+        spec.max_runtime_seconds = max_runtime_seconds
         spec.preemption.preemptible = preemptible
         spec.preemption.kill_grace_seconds = 5
         self.clock.advance(0.001)  # submissions are ordered in time

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import EventRecord, TaskUpdate
@@ -44,17 +45,37 @@ def make_spec(
     command: str = "python train.py",
     gpu: float = 1,
     kill_grace_seconds: int | None = None,
+    min_instances: int = 0,
+    max_failures: int | None = None,
+    backoff_seconds: int | None = None,
+    ports: Sequence[str] = (),
+    max_runtime_seconds: int = 0,
 ) -> job_pb2.JobSpec:
+    """A valid job spec; ``min_instances`` 0 leaves the default (every instance in one gang)."""
     spec = job_pb2.JobSpec(
         name=name,
         pool=pool,
         instances=instances,
         labels=dict(labels or {}),
-        task=job_pb2.TaskSpec(command=command, resources=Resources(cpu=1, mem_mb=256, gpu=gpu)),
+        task=job_pb2.TaskSpec(
+            command=command, resources=Resources(cpu=1, mem_mb=256, gpu=gpu), ports=list(ports)
+        ),
+        max_runtime_seconds=max_runtime_seconds,
     )
     if kill_grace_seconds is not None:
         spec.preemption.kill_grace_seconds = kill_grace_seconds
+    spec.gang.min_instances = min_instances
+    if max_failures is not None:
+        spec.restart.max_failures = max_failures
+    if backoff_seconds is not None:
+        spec.restart.backoff_seconds = backoff_seconds
     return spec
+
+
+def independent_spec(instances: int = 2, **kw: Any) -> job_pb2.JobSpec:
+    """Independent tasks that never restart: a job's lifecycle without the gang rules (those
+    are tested in test_gang_lifecycle.py)."""
+    return make_spec(instances, min_instances=1, max_failures=0, **kw)
 
 
 class FakeClock:

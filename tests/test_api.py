@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,18 +16,19 @@ from typing import Any
 import grpc
 import pytest
 from daemon import (
+    Samples,
     address,
     drive,
     health_status,
     in_process_server,
+    scrape_metrics,
 )
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from prometheus_client.parser import text_string_to_metric_families
-from support import TO_RUNNING, make_spec
+from support import TO_RUNNING, independent_spec, make_spec
 
 from peloton.client import ClientError, PelotonClient
 from peloton.jobmgr.records import TaskUpdate
@@ -404,7 +404,7 @@ def test_get_task_with_its_events(server: Server, client: PelotonClient) -> None
 
 
 def test_list_tasks_states_and_paging(server: Server, client: PelotonClient) -> None:
-    job_id = client.create_job(make_spec(5)).job_id
+    job_id = client.create_job(independent_spec(5)).job_id
     drive(server, job_id, [1, 3], TO_RUNNING)
     drive(server, job_id, [3], [S.FAILED])
 
@@ -537,7 +537,7 @@ def test_watch_streams_events_until_the_job_succeeds(server: Server, client: Pel
 def test_watch_of_an_ended_job_returns_its_history_and_ends(
     server: Server, client: PelotonClient
 ) -> None:
-    job_id = client.create_job(make_spec(1)).job_id
+    job_id = client.create_job(independent_spec(1)).job_id
     run_job_to(server, job_id, 1, S.FAILED)
     updates = list(client.watch_job(job_id))
     expected = expected_run_events(1, S.FAILED)
@@ -667,16 +667,8 @@ def test_reflection_lists_the_job_service(server: Server) -> None:
 # ---------------------------------------------------------------------------- metrics
 
 
-def scrape(server: Server) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        assert response.status == 200
-        text = response.read().decode()
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
+def scrape(server: Server) -> Samples:
+    return scrape_metrics(server.metrics_port)
 
 
 def test_metrics_count_requests_and_states(server: Server, client: PelotonClient) -> None:

@@ -34,6 +34,7 @@ from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import TaskUpdate, attempt_id
 from peloton.jobmgr.states import JobState, TaskState
 from peloton.placement.launcher import Launcher
+from peloton.placement.metrics import PlacementMetrics
 from peloton.storage.db import Database
 from peloton.storage.hosts import SqlHostStore
 
@@ -342,7 +343,7 @@ def test_a_failed_task_takes_its_gang_down_on_every_host(
 ) -> None:
     master.subscribed("fw-1")
     assert hostmgr.wait_connected(10)
-    job, _ = jobs.create_job(make_spec(2, gpu=4))
+    job, _ = jobs.create_job(make_spec(2, gpu=4, max_failures=0))
     gang = Gang.of_job(
         job.id, job.spec, jobs.admit_pending([(job.id, 2, "t")])[0], datetime.now(UTC)
     )
@@ -358,14 +359,16 @@ def test_a_failed_task_takes_its_gang_down_on_every_host(
     assert kill["kill"]["task_id"] == {"value": second}
     assert kill["kill"]["agent_id"] == {"value": "a2"}
     master.update(second, "TASK_KILLED", "a2")
+    # No restarts allowed: the job fails with the failure's reason; the sibling was killed.
     wait_for(lambda: jobs.get_job(job.id).state == JobState.FAILED, 10, "job FAILED")
-    assert jobs.get_task(job.id, 1)[0].state == TaskState.LOST
+    assert jobs.get_task(job.id, 1)[0].state == TaskState.KILLED
+    assert jobs.get_job(job.id).message.startswith("instance 0 failed")
 
 
 def test_reconciliation_asks_for_active_attempts_and_unknown_ones_become_lost(
     master: ScriptedMaster, db: Database, jobs: JobManager
 ) -> None:
-    job, _ = jobs.create_job(make_spec(1))
+    job, _ = jobs.create_job(make_spec(1, max_failures=0))
     jobs.admit_pending([(job.id, 1, "t")])
     for state in (TaskState.PLACING, TaskState.PLACED, TaskState.LAUNCHING, TaskState.RUNNING):
         jobs.update_tasks(job.id, [TaskUpdate(0, 1, state, host="h1")])
@@ -411,13 +414,45 @@ def test_an_unplaceable_gang_goes_back_with_a_reason_and_stays_ready(
     gang = Gang.of_job(
         job.id, job.spec, jobs.admit_pending([(job.id, 3, "t")])[0], datetime.now(UTC)
     )
-    master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1", "a1", "h1")]}})
-    wait_for(lambda: len(hostmgr.snapshot()) == 1, 10, "an offered host")
+    # Three 4-GPU hosts are known, but two of them take back their offers: the gang fits the
+    # cluster, just not now.
+    for i in (1, 2, 3):
+        offer = raw_offer(f"o{i}", f"a{i}", f"h{i}")
+        master.send({"type": "OFFERS", "offers": {"offers": [offer]}})
+    wait_for(lambda: len(hostmgr.snapshot()) == 3, 10, "three offered hosts")
+    for i in (2, 3):
+        master.send({"type": "RESCIND", "rescind": {"offer_id": {"value": f"o{i}"}}})
+    wait_for(lambda: len(hostmgr.snapshot()) == 1, 10, "one offered host")
     source = ListSource([gang])
     assert Launcher(source, hostmgr, jobs).run_once() == 0
     ((returned, reason),) = source.returned
     assert returned is gang
-    assert reason.startswith("needs 3 tasks of gpu 4") and "hold 1" in reason
+    assert reason == "needs 3 hosts with 4 free A100 GPUs; 1 host has them"
     assert {t.state for t in jobs.list_tasks(job.id)[0]} == {TaskState.READY}
     assert master.calls_of("ACCEPT") == []
     assert [h.hostname for h in hostmgr.snapshot()] == ["h1"]  # no lease left behind
+
+
+def test_a_gang_no_hosts_could_ever_hold_fails_with_the_reason(
+    master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager
+) -> None:
+    master.subscribed("fw-1")
+    assert hostmgr.wait_connected(10)
+    job, _ = jobs.create_job(make_spec(3, gpu=4))
+    gang = Gang.of_job(
+        job.id, job.spec, jobs.admit_pending([(job.id, 3, "t")])[0], datetime.now(UTC)
+    )
+    master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1", "a1", "h1")]}})
+    wait_for(lambda: len(hostmgr.snapshot()) == 1, 10, "an offered host")
+    source = ListSource([gang])
+    registry = CollectorRegistry()
+    launcher = Launcher(source, hostmgr, jobs, metrics=PlacementMetrics(registry))
+    assert launcher.run_once() == 0
+    assert source.returned == []  # not offered again: it can never be placed
+    got = jobs.get_job(job.id)
+    assert got.state == JobState.FAILED
+    assert got.reason == "unplaceable"
+    assert "no set of the cluster's hosts fits" in got.message and "GPU" in got.message
+    failures = "peloton_placement_failures_total"
+    assert registry.get_sample_value(failures, {"reason": "infeasible"}) == 1
+    assert registry.get_sample_value("peloton_placement_rounds_total") == 1

@@ -18,8 +18,13 @@ from support import (
     RecordingKiller,
     drive,
     job_event_chain_problems,
-    make_spec,
     task_event_chain_problems,
+)
+from support import (
+    independent_spec as make_spec,
+)
+from support import (
+    make_spec as gang_spec,
 )
 
 from peloton.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -122,7 +127,7 @@ def test_create_job_writes_pending_tasks_and_one_event(
     manager: JobManager, clock: FakeClock, killer: RecordingKiller
 ) -> None:
     before = manager.events.generation()
-    job, created = manager.create_job(make_spec(3, labels={"team": "vision"}))
+    job, created = manager.create_job(gang_spec(3, labels={"team": "vision"}))
     assert created is True
     assert manager.events.generation() > before
     assert job.state == J.PENDING
@@ -656,8 +661,9 @@ def test_failure_at_the_same_time_names_the_lowest_instance(manager: JobManager)
             TaskUpdate(0, 1, T.KILLED),
         ],
     )
-    # A KILLED task makes the ended job KILLED, not FAILED.
-    assert got.state == J.KILLED
+    # A failed task makes the ended job FAILED, even if another was killed.
+    assert got.state == J.FAILED
+    assert (got.reason, got.message) == ("failed", "instance 1")
     job2, _ = manager.create_job(make_spec(2))
     got = manager.update_tasks(
         job2.id,

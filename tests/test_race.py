@@ -15,8 +15,10 @@ from support import (
     TO_RUNNING,
     drive,
     job_event_chain_problems,
-    make_spec,
     task_event_chain_problems,
+)
+from support import (
+    independent_spec as make_spec,
 )
 
 from peloton.errors import FailedPrecondition

@@ -243,15 +243,16 @@ def test_derive_invariants(counts: dict[TaskState, int], goal: Goal) -> None:
     # Terminal exactly when every task ended.
     assert (state in JOB_TERMINAL) == (ended == total)
     if ended == total:
-        if goal is Goal.KILL or killed:
+        if goal is Goal.KILL:
             assert state == J.KILLED
-        elif counts.get(T.SUCCEEDED, 0) == total:
-            assert state == J.SUCCEEDED
-        else:
-            assert failed > 0
+        elif failed:
+            # A failed gang's other tasks are killed by peloton: the job still failed.
             assert state == J.FAILED
-    if ended == total and failed and not killed and goal is Goal.RUN:
-        assert state == J.FAILED
+        elif killed:
+            assert state == J.KILLED
+        else:
+            assert counts.get(T.SUCCEEDED, 0) == total
+            assert state == J.SUCCEEDED
     if goal is Goal.KILL and ended < total:
         assert state == J.KILLING
     if goal is not Goal.KILL and ended < total:
@@ -364,7 +365,8 @@ def test_restarting_a_job_gives_a_legal_job_transition(counts: dict[TaskState, i
         ({T.SUCCEEDED: 4}, Goal.RUN, J.SUCCEEDED),
         ({T.SUCCEEDED: 3, T.FAILED: 1}, Goal.RUN, J.FAILED),
         ({T.SUCCEEDED: 3, T.LOST: 1}, Goal.RUN, J.FAILED),
-        ({T.FAILED: 3, T.KILLED: 1}, Goal.RUN, J.KILLED),
+        ({T.FAILED: 1, T.KILLED: 3}, Goal.RUN, J.FAILED),
+        ({T.SUCCEEDED: 3, T.KILLED: 1}, Goal.RUN, J.KILLED),
         ({T.SUCCEEDED: 4}, Goal.KILL, J.KILLED),
         ({T.RUNNING: 1, T.KILLED: 3}, Goal.KILL, J.KILLING),
         ({T.PENDING: 1}, Goal.KILL, J.KILLING),

@@ -29,15 +29,12 @@ from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
 from peloton.hostmgr.offers import HostOffers, Lease, Offer, OfferPool, parse_offer
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import TaskUpdate
-from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
+from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL
 from peloton.resources import Resources
 
 log = logging.getLogger(__name__)
 
-# Attempts that run (or are about to) and are not being stopped already.
-_RUNNING = frozenset(
-    {TaskState.LAUNCHING, TaskState.LAUNCHED, TaskState.STARTING, TaskState.RUNNING}
-)
+_ALL_PORTS = ((1, 65535),)
 # A day: pymesos gives up reconnecting (and aborts the daemon) only after this long.
 _CONNECT_TIMEOUT = 24 * 3600.0
 
@@ -394,6 +391,22 @@ class HostManager:
         """Unleased offered hosts that may take placements (draining and down ones left out)."""
         return self.pool.snapshot(exclude=self.hosts.draining())
 
+    def totals(self) -> list[HostOffers]:
+        """Hosts that take placements (up, not draining) with their total resources, for
+        telling a gang that never fits from one that waits. Totals carry no port ranges: every
+        port is assumed, so a gang is never judged infeasible for ports."""
+        return [
+            HostOffers(
+                v.record.hostname,
+                v.record.agent_id,
+                v.record.total,
+                _ALL_PORTS,
+                v.record.attributes,
+            )
+            for v in self.hosts.list()
+            if v.record.state == HostState.UP
+        ]
+
     def lease(self, hostname: str) -> Lease | None:
         return self.pool.lease(hostname, self._now())
 
@@ -496,15 +509,12 @@ class HostManager:
     def _apply(self, job_id: str, items: list[_Planned]) -> list[_Planned]:
         """Write one job's updates; returns those that may be acknowledged (written, or found
         not to apply)."""
+        # The job manager takes the rest of a failed gang down (on every host) as it writes.
         written, skipped = self._write(job_id, items)
-        failed = False
         for p in written:
             if p.update.state in TASK_TERMINAL:
                 # The sandbox location stays known, for `peloton task logs` of ended tasks.
                 self.hosts.unuse(p.task_id)
-            failed = failed or p.update.state in (TaskState.FAILED, TaskState.LOST)
-        if failed:
-            self._take_gang_down(job_id, written[0].task_id)
         return written + skipped
 
     def _write(self, job_id: str, items: list[_Planned]) -> tuple[list[_Planned], list[_Planned]]:
@@ -575,22 +585,6 @@ class HostManager:
         )
         update = TaskUpdate(instance, attempt, target, reason, message, hostname)
         return _Planned(job_id, task_id, update, status)
-
-    def _take_gang_down(self, job_id: str, failed: str) -> None:
-        """A gang runs together or not at all: when one of its tasks failed, kill the rest on
-        every host (the default executor only takes down the failed task's own group)."""
-        tasks, _ = self._jobs.list_tasks(job_id, frozenset(_RUNNING), 10_000)
-        others = [t.current.id for t in tasks]
-        if not others:
-            return
-        policy = self._jobs.get_job(job_id).spec.preemption
-        grace = policy.kill_grace_seconds if policy.HasField("kill_grace_seconds") else 30
-        log.warning(
-            "a gang task failed: killing the rest of the gang",
-            extra={"job_id": job_id, "failed": failed, "killing": len(others)},
-        )
-        for other in others:
-            self._kill(other, grace)
 
     # ------------------------------------------------------------------ reconciliation
 

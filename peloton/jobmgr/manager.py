@@ -12,7 +12,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from sqlalchemy import select
@@ -20,7 +20,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from peloton.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from peloton.jobmgr import restarts
 from peloton.jobmgr import spec as specs
+from peloton.jobmgr.metrics import JobMetrics
 from peloton.jobmgr.records import (
     EventRecord,
     JobFilter,
@@ -57,6 +59,11 @@ DEFAULT_PAGE_TASKS = 1000
 MAX_REQUEST_ID = 128
 # Reason of tasks and jobs taken back by the resource manager.
 PREEMPTED = "preempted"
+# Reason of a job stopped because it ran longer than its max_runtime_seconds.
+MAX_RUNTIME = "max_runtime_exceeded"
+# Reason of tasks no set of the cluster's hosts could ever hold.
+UNPLACEABLE = "unplaceable"
+_FAILURES = frozenset({TaskState.FAILED, TaskState.LOST})
 
 
 def utcnow() -> datetime:
@@ -125,8 +132,10 @@ class JobManager:
         clock: Clock = utcnow,
         killer: TaskKiller | None = None,
         events: EventBus | None = None,
+        metrics: JobMetrics | None = None,
     ) -> None:
         self._db = db
+        self.metrics = metrics or JobMetrics()
         self._clock = clock
         self._killer = killer
         self._scheduler: Scheduler | None = None
@@ -248,8 +257,9 @@ class JobManager:
 
     # ------------------------------------------------------------------ kill, restart, delete
 
-    def kill_job(self, job_id: str, message: str = "") -> JobRecord:
-        """Kill every task: unlaunched ones at once, launched ones through the host manager."""
+    def kill_job(self, job_id: str, message: str = "", *, reason: str = "killed") -> JobRecord:
+        """Kill every task: unlaunched ones at once, launched ones through the host manager
+        (SIGTERM, the job's kill grace, SIGKILL)."""
         message = message or "killed by user"
         with self._db.writing() as session:
             row = self._lock(session, job_id)
@@ -266,7 +276,7 @@ class JobManager:
                 TASK_UNLAUNCHED,
                 TaskState.KILLED,
                 now=now,
-                reason="killed",
+                reason=reason,
                 message=message,
                 goal=Goal.KILL,
                 ended=True,
@@ -274,15 +284,33 @@ class JobManager:
             _shift(counts, moved, TaskState.KILLED)
             # Tasks already KILLING for a restart must now stay killed: no new attempt.
             repo.set_goal(session, job_id, {TaskState.KILLING}, Goal.KILL, now=now)
-            to_kill = self._stop_running(session, row, counts, now, "killed", message, Goal.KILL)
-            self._derive(
-                session, row, now, counts, goal=Goal.KILL, reason="killed", message=message
-            )
+            to_kill = self._stop_running(session, row, counts, now, reason, message, Goal.KILL)
+            self._derive(session, row, now, counts, goal=Goal.KILL, reason=reason, message=message)
             job = repo.job_record(row)
             grace = repo.spec_from_bytes(row.spec).preemption.kill_grace_seconds
         self._after_commit(to_kill, grace, job_id)
-        log.info("job kill requested", extra={"job_id": job_id, "tasks_to_stop": len(to_kill)})
+        log.info(
+            "job kill requested",
+            extra={"job_id": job_id, "tasks_to_stop": len(to_kill), "reason": reason},
+        )
         return job
+
+    def expire_jobs(self) -> list[str]:
+        """Kill every job that has run longer than its ``max_runtime_seconds`` (counted from
+        its first task start, restarts included). Returns the jobs it killed."""
+        now = self._clock()
+        with self._db.reading() as session:
+            expired = repo.expired_jobs(session, now)
+        killed: list[str] = []
+        for job_id, limit in expired:
+            try:
+                self.kill_job(
+                    job_id, f"ran longer than max_runtime_seconds ({limit} s)", reason=MAX_RUNTIME
+                )
+                killed.append(job_id)
+            except (FailedPrecondition, NotFound):
+                pass  # it ended or was killed meanwhile
+        return killed
 
     def restart_job(self, job_id: str, message: str = "") -> JobRecord:
         """Start a new attempt of every task: ended tasks now, running ones once they are killed."""
@@ -309,6 +337,8 @@ class JobManager:
             to_kill = self._stop_running(
                 session, row, counts, now, "restarted", message, Goal.RESTART
             )
+            # A new run: the gang's failures, backoff and runtime limit start over.
+            row.gang_failures, row.not_before, row.deadline_at = 0, None, None
             self._derive(
                 session, row, now, counts, goal=Goal.RUN, reason="restarted", message=message
             )
@@ -423,6 +453,18 @@ class JobManager:
     def fail_pending(self, job_id: str, reason: str, message: str) -> JobRecord:
         """Fail a job's PENDING tasks: their gang can never be admitted (the job fails if
         nothing else of it runs)."""
+        return self._fail_waiting(job_id, {TaskState.PENDING}, reason, message)
+
+    def fail_unplaceable(self, job_id: str, message: str) -> JobRecord:
+        """Fail a job's tasks that wait to run (admitted or not): no set of the cluster's
+        hosts could ever hold their gang."""
+        return self._fail_waiting(
+            job_id, {TaskState.PENDING, TaskState.READY}, UNPLACEABLE, message
+        )
+
+    def _fail_waiting(
+        self, job_id: str, states: set[TaskState], reason: str, message: str
+    ) -> JobRecord:
         with self._db.writing() as session:
             row = self._lock(session, job_id)
             now = self._clock()
@@ -430,7 +472,7 @@ class JobManager:
             moved = repo.bulk_transition(
                 session,
                 job_id,
-                {TaskState.PENDING},
+                states,
                 TaskState.FAILED,
                 now=now,
                 reason=reason,
@@ -525,6 +567,7 @@ class JobManager:
             tasks = repo.task_rows(session, job_id, (u.instance_id for u in updates))
             counts = repo.counts_of(row)
             events: list[dict[str, object]] = []
+            failures: list[restarts.Failure] = []
             for u in updates:
                 task = tasks.get(u.instance_id)
                 if task is None:
@@ -540,12 +583,125 @@ class JobManager:
                         },
                     )
                     continue
+                if task.goal == Goal.RUN and u.state in _FAILURES and u.state != task.state:
+                    failures.append(restarts.Failure(u.instance_id, u.state, u.reason, u.message))
                 events.extend(self._apply(session, task, u, now, counts))
             repo.insert_events(session, events)
+            to_kill: list[str] = []
+            grace = 0
+            plan: restarts.Plan | None = None
+            if failures and Goal(row.goal) == Goal.RUN:
+                spec = repo.spec_from_bytes(row.spec)
+                grace = spec.preemption.kill_grace_seconds
+                plan = restarts.plan(spec, row.gang_failures, failures, _failures_of(tasks), now)
+                to_kill = self._after_failures(session, row, plan, now, counts)
             self._derive(session, row, now, counts)
             job = repo.job_record(row)
-        self._after_commit((), 0, job_id)
+        self._after_commit(to_kill, grace, job_id)
+        if plan is not None:
+            if plan.action is restarts.Action.RESTART_GANG:
+                self.metrics.gang_restarts.inc()
+            log.warning(
+                "job tasks failed",
+                extra={"job_id": job_id, "action": plan.action.value, "why": plan.message},
+            )
         return job
+
+    def _after_failures(
+        self,
+        session: Session,
+        row: JobRow,
+        plan: restarts.Plan,
+        now: datetime,
+        counts: dict[TaskState, int],
+    ) -> list[str]:
+        """Carry out a :func:`restarts.plan` for failures just written; returns the attempts to
+        kill (the rest of a failed gang)."""
+        if plan.action is restarts.Action.RESTART_TASKS:
+            if plan.restart:
+                moved = repo.bulk_new_attempt(
+                    session,
+                    row.id,
+                    _FAILURES,
+                    now=now,
+                    reason=restarts.TASK_RESTART,
+                    message=plan.message,
+                    reset_failures=False,
+                    instances=plan.restart,
+                )
+                _shift(counts, moved, TaskState.PENDING, new_attempt=True)
+                row.not_before = plan.not_before
+            return []
+        restart = plan.action is restarts.Action.RESTART_GANG
+        if restart:
+            self._requeue_gang(session, row.id, now, plan.message, counts)
+            reason = restarts.GANG_RESTART
+        else:
+            self._end_gang(session, row.id, now, plan.message, counts)
+            # Tasks already being killed for a restart must now stay killed.
+            repo.set_goal(session, row.id, {TaskState.KILLING}, Goal.KILL, now=now)
+            reason = plan.cause.reason
+        to_kill = self._stop_running(
+            session,
+            row,
+            counts,
+            now,
+            restarts.GANG_RESTART if restart else reason,
+            plan.message,
+            Goal.RESTART if restart else Goal.KILL,
+        )
+        # Not a change of the job's state (that comes with its event when derived): the version
+        # stays.
+        row.gang_failures += 1
+        row.not_before = plan.not_before
+        row.reason, row.message = reason, plan.message
+        return to_kill
+
+    def _requeue_gang(
+        self, session: Session, job_id: str, now: datetime, why: str, counts: dict[TaskState, int]
+    ) -> None:
+        """Every task of a failed gang that is not running goes back to PENDING: unlaunched
+        ones in their attempt, ended ones (the failed, and any that had finished) in a new one."""
+        moved = repo.bulk_transition(
+            session,
+            job_id,
+            TASK_UNLAUNCHED - {TaskState.PENDING, TaskState.INITIALIZED},
+            TaskState.PENDING,
+            now=now,
+            reason=restarts.GANG_RESTART,
+            message=why,
+            goal=Goal.RUN,
+            ended=False,
+        )
+        _shift(counts, moved, TaskState.PENDING)
+        moved = repo.bulk_new_attempt(
+            session,
+            job_id,
+            TASK_TERMINAL,
+            now=now,
+            reason=restarts.GANG_RESTART,
+            message=why,
+            reset_failures=False,
+        )
+        _shift(counts, moved, TaskState.PENDING, new_attempt=True)
+
+    def _end_gang(
+        self, session: Session, job_id: str, now: datetime, why: str, counts: dict[TaskState, int]
+    ) -> None:
+        """A gang out of restarts: what never launched is killed (running tasks are stopped by
+        the caller); the job then fails with the failure's reason."""
+        moved = repo.bulk_transition(
+            session,
+            job_id,
+            TASK_UNLAUNCHED,
+            TaskState.KILLED,
+            now=now,
+            reason="gang_failed",
+            message=why,
+            goal=Goal.KILL,
+            ended=True,
+        )
+        _shift(counts, moved, TaskState.KILLED)
 
     def _apply(
         self,
@@ -568,16 +724,15 @@ class JobManager:
             changes["started_at"] = now
         if u.state in TASK_TERMINAL:
             changes["ended_at"] = now
-            if u.state in (TaskState.FAILED, TaskState.LOST):
+            if u.state in _FAILURES and task.goal == Goal.RUN:
                 changes["failures"] = task.failures + 1
+        # Why it was being killed (preempted, restarted, its gang failed): its next attempt's
+        # reason.
+        why = (task.reason, task.message)
         events = [self._event(task, current, u.state, now, u.reason, u.message, u.host)]
         repo.set_task(session, task, **changes)
         _shift(counts, {current: 1}, u.state)
         if u.state in TASK_TERMINAL and task.goal == Goal.RESTART:
-            if current == TaskState.PREEMPTING:
-                why = (PREEMPTED, "requeued after preemption")
-            else:
-                why = ("restarted", "restarted by user")
             events.append(self._new_attempt(session, task, now, *why))
             _shift(counts, {u.state: 1}, TaskState.PENDING, new_attempt=True)
         return events
@@ -653,7 +808,11 @@ class JobManager:
             return
         check_job_transition(old, new)
         if not reason:
-            reason, message = self._job_reason(session, row, new)
+            reason, message = self._job_reason(session, row, new, now)
+        if new == JobState.RUNNING and row.deadline_at is None:
+            limit = repo.spec_from_bytes(row.spec).max_runtime_seconds
+            if limit:
+                row.deadline_at = now + timedelta(seconds=limit)
         repo.update_job(
             session,
             row,
@@ -684,13 +843,20 @@ class JobManager:
             )
 
     @staticmethod
-    def _job_reason(session: Session, row: JobRow, state: JobState) -> tuple[str, str]:
-        """Why a job is in ``state``: a killed job keeps the kill's reason, a failed job gets
-        its first task failure's; other states need none."""
+    def _job_reason(
+        session: Session, row: JobRow, state: JobState, now: datetime
+    ) -> tuple[str, str]:
+        """Why a job is in ``state``: a killed job keeps the kill's reason, a job waiting out a
+        restart backoff keeps the failure's, a failed gang the failure that ended it, another
+        failed job gets its first task failure's; other states need none."""
         if state in (JobState.KILLING, JobState.KILLED):
+            return row.reason, row.message
+        if state == JobState.PENDING and row.not_before is not None and row.not_before > now:
             return row.reason, row.message
         if state != JobState.FAILED:
             return "", ""
+        if row.gang_failures:
+            return row.reason, row.message
         job_id = row.id
         first = session.scalar(
             select(TaskRow.instance_id)
@@ -747,6 +913,10 @@ def _shift(
         else:
             counts.pop(state, None)
         counts[to] = counts.get(to, 0) + n
+
+
+def _failures_of(tasks: Mapping[int, TaskRow]) -> dict[int, int]:
+    return {i: t.failures for i, t in tasks.items()}
 
 
 def _page_size(requested: int, default: int, maximum: int) -> int:

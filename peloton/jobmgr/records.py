@@ -27,6 +27,9 @@ class JobRecord:
     updated_at: datetime
     version: int
     task_counts: Mapping[TaskState, int] = field(default_factory=dict)
+    # Gang failures so far, and when a restarted gang may be admitted again (backoff).
+    gang_failures: int = 0
+    not_before: datetime | None = None
 
     @property
     def terminal(self) -> bool:

@@ -127,19 +127,20 @@ def check_job_transition(current: JobState, target: JobState) -> None:
 def derive_job_state(counts: Mapping[TaskState, int], goal: Goal) -> JobState:
     """A job's state from how many of its tasks are in each state, and the job's goal.
 
-    - every task ended: KILLED if the job was killed or any task was killed, SUCCEEDED if every
-      task succeeded, otherwise FAILED (some task failed or was lost);
+    - every task ended: KILLED if the job was killed; otherwise FAILED if a task failed or was
+      lost (a failed gang's other tasks are killed: the job still failed), KILLED if a task was
+      killed, else SUCCEEDED;
     - some task still going: KILLING if the job is being killed, RUNNING if any task has been
       launched or has already ended, otherwise PENDING.
     """
     total = sum(counts.values())
     ended = sum(n for s, n in counts.items() if s in TASK_TERMINAL)
     if total > 0 and ended == total:
-        if goal is Goal.KILL or counts.get(T.KILLED, 0) > 0:
+        if goal is Goal.KILL:
             return J.KILLED
-        if counts.get(T.SUCCEEDED, 0) == total:
-            return J.SUCCEEDED
-        return J.FAILED
+        if counts.get(T.FAILED, 0) + counts.get(T.LOST, 0) > 0:
+            return J.FAILED
+        return J.KILLED if counts.get(T.KILLED, 0) > 0 else J.SUCCEEDED
     if goal is Goal.KILL:
         return J.KILLING
     started = ended + sum(n for s, n in counts.items() if s in TASK_ACTIVE)

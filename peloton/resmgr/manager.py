@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 
 from peloton.errors import InvalidArgument, NotFound
 from peloton.gang import Gang
+from peloton.jobmgr import restarts
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import JobRecord
 from peloton.jobmgr.states import Goal, TaskState
@@ -82,11 +83,20 @@ class JobView:
 
     def gang_sizes(self) -> list[int]:
         """How its PENDING tasks queue: the first ``gang.min_instances`` (less those already
-        holding) as one gang, the rest one task each. Default: all of them as one gang."""
+        running) as one gang, the rest one task each. Default: all of them as one gang."""
         if self.pending <= 0:
             return []
-        first = min(self.pending, max(1, self.job.spec.gang.min_instances - self.holding))
+        running = self.holding - self.ending
+        first = min(self.pending, max(1, self.job.spec.gang.min_instances - running))
         return [first] + [1] * (self.pending - first)
+
+    def waits(self, now: float) -> bool:
+        """Whether its PENDING tasks must not queue yet: a restart backoff runs, or a gang's
+        previous run is still being stopped (a gang restarts whole, never in pieces)."""
+        not_before = self.job.not_before
+        if not_before is not None and not_before.timestamp() > now:
+            return True
+        return self.ending > 0 and restarts.is_gang(self.job.spec)
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,7 @@ class ResourceManager:
         self._admitted: deque[Gang] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._expired_at = 0.0  # when jobs past their max runtime were last looked for
         self.metrics.watch(self.statuses)
 
     # ---------------------------------------------------------------- life cycle
@@ -170,7 +181,9 @@ class ResourceManager:
             ready = self._jobs.instances(job.id, {TaskState.READY})
             if ready:
                 at = job.updated_at
-                self._admitted.append(Gang.of_job(job.id, job.spec, ready, at))
+                self._admitted.append(
+                    Gang.of_job(job.id, job.spec, ready, at, admitted_at=at.timestamp())
+                )
         self.run_cycle()
         log.info(
             "resource manager loaded",
@@ -196,10 +209,19 @@ class ResourceManager:
                 if self._stopping:
                     return
             try:
+                self._expire_jobs()
                 self.run_cycle()
             except Exception:  # keep scheduling; the next cycle re-reads everything it needs
                 log.exception("resource manager cycle failed")
                 time.sleep(self._cycle_seconds)
+
+    def _expire_jobs(self) -> None:
+        """Jobs past their max runtime are killed (checked once per cycle period: cycles
+        triggered by changes come far more often)."""
+        now = self._clock()
+        if now - self._expired_at >= self._cycle_seconds:
+            self._expired_at = now
+            self._jobs.expire_jobs()
 
     # ---------------------------------------------------------------- inputs
 
@@ -398,8 +420,9 @@ class ResourceManager:
     def _queues(self) -> dict[str, list[Waiting]]:
         """Every pool's waiting gangs (in no particular order)."""
         out: dict[str, list[Waiting]] = {}
+        now = self._clock()
         for view in self._views.values():
-            if not view.pending or view.job.goal == Goal.KILL:
+            if not view.pending or view.job.goal == Goal.KILL or view.waits(now):
                 continue
             queue = out.setdefault(view.pool, [])
             for i, size in enumerate(view.gang_sizes()):
@@ -485,7 +508,7 @@ class ResourceManager:
         view.admitted_at = now
         self._reasons.pop(gang.key, None)
         at = datetime.fromtimestamp(view.pending_since, UTC)
-        self._admitted.append(Gang.of_job(gang.key, view.job.spec, ids, at))
+        self._admitted.append(Gang.of_job(gang.key, view.job.spec, ids, at, admitted_at=now))
         log.info(
             "gang admitted",
             extra={"job_id": gang.key, "pool": pool, "tasks": len(ids), "needs": message},

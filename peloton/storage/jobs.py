@@ -90,6 +90,8 @@ def job_record(row: JobRow) -> JobRecord:
         updated_at=row.updated_at,
         version=row.version,
         task_counts=counts_of(row),
+        gang_failures=row.gang_failures or 0,
+        not_before=row.not_before,
     )
 
 
@@ -297,6 +299,19 @@ def unfinished_jobs(session: Session) -> list[JobRecord]:
         .order_by(JobRow.created_at, JobRow.id)
     )
     return [job_record(row) for row in rows]
+
+
+def expired_jobs(session: Session, now: datetime) -> list[tuple[str, int]]:
+    """(id, max_runtime_seconds) of every unfinished job past its deadline and not yet being
+    killed."""
+    rows = session.execute(
+        select(JobRow.id, JobRow.spec).where(
+            JobRow.deadline_at <= now,
+            JobRow.goal != Goal.KILL.value,
+            JobRow.state.not_in(sorted(s.value for s in JOB_TERMINAL)),
+        )
+    )
+    return [(job_id, spec_from_bytes(spec).max_runtime_seconds) for job_id, spec in rows]
 
 
 def instances_in(
@@ -627,13 +642,17 @@ def bulk_new_attempt(
     reason: str,
     message: str,
     reset_failures: bool,
+    instances: Sequence[int] | None = None,
 ) -> dict[TaskState, int]:
-    """Start a new attempt, PENDING, for every task of a job in the (ended) ``from_states``.
+    """Start a new attempt, PENDING, for every task of a job in the (ended) ``from_states``
+    (and, if given, in ``instances``).
 
     Returns how many tasks left each state.
     """
     sources = sorted(s.value for s in from_states)
     where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
+    if instances is not None:
+        where = and_(where, TaskRow.instance_id.in_(list(instances)))
     moved = _moved_by_state(session, where)
     if not moved:
         return moved

@@ -86,12 +86,19 @@ class JobRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     version: Mapped[int] = mapped_column(Integer)
+    # Failures of the job's gang so far (restart.max_failures bounds them); reset by RestartJob.
+    gang_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # A restarted gang's new attempts wait until then (restart.backoff_seconds).
+    not_before: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # When the job must be stopped (first start + max_runtime_seconds); None: no limit.
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     __table_args__ = (
         Index("ix_jobs_created", "created_at", "id"),
         Index("ix_jobs_state_created", "state", "created_at", "id"),
         Index("ix_jobs_pool_created", "pool", "created_at", "id"),
         Index("ix_jobs_name", "name"),
+        Index("ix_jobs_deadline", "deadline_at"),
     )
 
 

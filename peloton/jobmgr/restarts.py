@@ -1,0 +1,107 @@
+"""What a failure of a job's tasks leads to: pure rules over the job's spec and failure count.
+
+A job whose gang has more than one task (``gang.min_instances`` > 1) lives and dies as one gang:
+when any of its tasks fails or is lost, the rest of the job is killed and, if the gang has failed
+no more than ``restart.max_failures`` times, every task starts a new attempt once
+``restart.backoff_seconds`` have passed; the next failure fails the job with the reason of the
+failure that ended it. A job of independent tasks (``gang.min_instances`` 1) restarts only the
+failed task, each task with its own count of failures.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from peloton.jobmgr.states import TaskState
+from peloton.v1 import job_pb2
+
+# The job's reason while its gang restarts, and a task's reason for its new attempt.
+GANG_RESTART = "gang_restart"
+TASK_RESTART = "restarted"
+
+
+class Action(enum.Enum):
+    RESTART_GANG = "restart_gang"  # kill the rest, new attempts of every task after the backoff
+    FAIL_GANG = "fail_gang"  # kill the rest; the job fails
+    RESTART_TASKS = "restart_tasks"  # new attempts of the failed tasks still within their limit
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A task attempt that ended FAILED or LOST while peloton wanted it to run."""
+
+    instance_id: int
+    state: TaskState
+    reason: str
+    message: str
+
+    def describe(self) -> str:
+        detail = f": {self.message}" if self.message else ""
+        return f"instance {self.instance_id} {self.state.value.lower()} ({self.reason}){detail}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: Action
+    # The failure the job's reason names (the first one reported, a FAILED before a LOST).
+    cause: Failure
+    message: str
+    # RESTART_TASKS: which instances start new attempts.
+    restart: tuple[int, ...] = ()
+    # New attempts wait until then; None: no restart.
+    not_before: datetime | None = None
+
+
+def is_gang(spec: job_pb2.JobSpec) -> bool:
+    """Whether the job's tasks live and die together."""
+    return spec.gang.min_instances > 1
+
+
+def cause_of(failures: Sequence[Failure]) -> Failure:
+    """The failure to blame when several are reported at once: a task that failed rather than
+    one lost with it (a sibling the executor took down reads as lost), lowest instance first."""
+    return min(failures, key=lambda f: (f.state != TaskState.FAILED, f.instance_id))
+
+
+def plan(
+    spec: job_pb2.JobSpec,
+    gang_failures: int,
+    failures: Sequence[Failure],
+    task_failures: Mapping[int, int],
+    now: datetime,
+) -> Plan:
+    """What to do about ``failures`` (reported together) of a job whose gang failed
+    ``gang_failures`` times before; ``task_failures`` counts each failed task's failures,
+    these included."""
+    cause = cause_of(failures)
+    limit = spec.restart.max_failures
+    backoff = spec.restart.backoff_seconds
+    after = now + timedelta(seconds=backoff)
+    if is_gang(spec):
+        n = gang_failures + 1
+        if n <= limit:
+            return Plan(
+                Action.RESTART_GANG,
+                cause,
+                f"{cause.describe()}; gang failure {n} of {limit} tolerated, "
+                f"restarting the whole gang in {backoff} s",
+                not_before=after,
+            )
+        return Plan(
+            Action.FAIL_GANG,
+            cause,
+            f"{cause.describe()}; the gang failed {n} times (restart.max_failures is {limit})",
+        )
+    within = (f.instance_id for f in failures if task_failures[f.instance_id] <= limit)
+    restart = tuple(sorted(within))
+    return Plan(
+        Action.RESTART_TASKS,
+        cause,
+        f"{cause.describe()}; restarting {len(restart)} of {len(failures)} failed tasks "
+        f"in {backoff} s (restart.max_failures is {limit} per task)",
+        restart=restart,
+        not_before=after if restart else None,
+    )
