@@ -32,10 +32,18 @@ class Gang:
     per_task: Resources
     # The job's spec, for placement (constraints, ports, command, env).
     spec: job_pb2.JobSpec
+    # When the resource manager admitted it (epoch seconds; 0: unknown), for placement latency.
+    admitted_at: float = 0.0
 
     @property
     def size(self) -> int:
         return len(self.instances)
+
+    @property
+    def ports_per_task(self) -> int:
+        """Host ports each task takes: one for the gang's own use (its ``PELOTON_PEERS``
+        address, where the collective runtime listens) and one per named port."""
+        return 1 + len(self.spec.task.ports)
 
     @property
     def total(self) -> Resources:
@@ -49,7 +57,12 @@ class Gang:
 
     @classmethod
     def of_job(
-        cls, job_id: str, spec: job_pb2.JobSpec, instances: tuple[int, ...], at: datetime
+        cls,
+        job_id: str,
+        spec: job_pb2.JobSpec,
+        instances: tuple[int, ...],
+        at: datetime,
+        admitted_at: float = 0.0,
     ) -> Gang:
         """The gang of ``instances`` of a job whose spec has its defaults filled in."""
         return cls(
@@ -61,6 +74,7 @@ class Gang:
             instances=tuple(sorted(instances)),
             per_task=Resources.from_proto(spec.task.resources),
             spec=spec,
+            admitted_at=admitted_at,
         )
 
 

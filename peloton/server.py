@@ -23,6 +23,7 @@ from peloton.config import ServerConfig
 from peloton.errors import Unavailable
 from peloton.hostmgr.hosts import HostRegistry
 from peloton.jobmgr.manager import JobManager
+from peloton.jobmgr.metrics import JobMetrics
 from peloton.jobmgr.states import JobState, TaskState
 from peloton.metrics import Metrics, StateCounts
 from peloton.resmgr.manager import ResourceManager
@@ -76,7 +77,7 @@ class Server:
             db.dispose()
             raise
         self.db = db
-        self.jobs = JobManager(db)
+        self.jobs = JobManager(db, metrics=JobMetrics(self.metrics.registry))
         self.resmgr = ResourceManager(db, self.jobs, metrics=ResmgrMetrics(self.metrics.registry))
         self.jobs.set_scheduler(self.resmgr)
         self._build_hosts(db, self.jobs, self.resmgr)
@@ -142,6 +143,7 @@ class Server:
         from peloton.hostmgr.framework import HostManager, MesosSettings
         from peloton.hostmgr.metrics import HostmgrMetrics
         from peloton.placement.launcher import Launcher
+        from peloton.placement.metrics import PlacementMetrics
 
         settings = MesosSettings(
             master=c.mesos_master,
@@ -163,7 +165,9 @@ class Server:
         )
         self.hosts = self.hostmgr.hosts
         jobs.set_killer(self.hostmgr)
-        self.launcher = Launcher(resmgr, self.hostmgr, jobs)
+        self.launcher = Launcher(
+            resmgr, self.hostmgr, jobs, metrics=PlacementMetrics(self.metrics.registry)
+        )
         self.hostmgr.add_offer_listener(self.launcher.wake)
 
     def _register_state_gauges(self, db: Database) -> None:

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+from daemon import Peloton
 from sqlalchemy.engine import make_url
 from support import FakeClock, RecordingKiller
 
 from peloton.jobmgr.manager import JobManager
+from peloton.minicluster import Minicluster
 from peloton.storage import migrate
 from peloton.storage.db import Database, make_engine
 
@@ -131,3 +133,15 @@ def killer() -> RecordingKiller:
 def manager(db: Database, clock: FakeClock, killer: RecordingKiller) -> JobManager:
     """A JobManager over the parametrized backend, with a fake clock and a recording killer."""
     return JobManager(db, clock=clock, killer=killer)
+
+
+# ---------------------------------------------------------------- daemon with a minicluster
+
+
+@pytest.fixture
+def peloton(db_url: str, cluster: Minicluster, tmp_path: Path) -> Iterator[Peloton]:
+    """A ``peloton server`` process on the parametrized database, framework of the test
+    module's ``cluster``."""
+    p = Peloton(db_url, cluster, tmp_path / "daemon")
+    yield p
+    p.close()

@@ -13,22 +13,28 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+from support import make_spec
 
+from peloton.client import PelotonClient
 from peloton.config import ServerConfig
 from peloton.jobmgr.records import TaskUpdate
 from peloton.jobmgr.states import TaskState
+from peloton.minicluster import AgentSpec, Minicluster
 from peloton.resmgr.pool import PoolConfig
 from peloton.server import Server
 from peloton.storage import migrate
 from peloton.storage.db import make_engine
+from peloton.v1 import job_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
 # The console script of the virtualenv running the tests.
@@ -243,3 +249,88 @@ def error_line(result: subprocess.CompletedProcess[str]) -> str:
     lines = result.stderr.splitlines()
     assert len(lines) == 1, f"expected one stderr line, got:\n{result.stderr}"
     return lines[0]
+
+
+def start_minicluster(agents: Sequence[AgentSpec], work_dir: Path) -> Minicluster:
+    """A started minicluster on a free port, quick to offer and to re-send updates."""
+    mc = Minicluster(
+        agents, port=0, work_dir=work_dir, allocation_interval=0.1, update_retry_interval=1.0
+    )
+    mc.start()
+    return mc
+
+
+# Metric samples by (name, sorted labels).
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape_metrics(port: int) -> Samples:
+    """Every sample a daemon's /metrics endpoint serves now."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+DONE = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_KILLED)
+
+
+class Peloton:
+    """A daemon process against the cluster, restartable on the same database."""
+
+    def __init__(self, db_url: str, cluster: Minicluster, workdir: Path) -> None:
+        self.args = [
+            "--db-url",
+            db_url,
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--mesos-master",
+            cluster.address,
+            "--reconcile-interval-seconds",
+            "5",
+            "--offer-refuse-seconds",
+            "1",
+            "--log-format",
+            "text",
+        ]
+        self.workdir = workdir
+        self.runs = 0
+        self.proc = self.start()
+
+    def start(self) -> DaemonProcess:
+        self.runs += 1
+        proc = DaemonProcess(self.workdir / f"run{self.runs}", self.args).wait_ready()
+        self.client = PelotonClient(proc.address, timeout=10)
+        return proc
+
+    def restart_after_sigkill(self) -> None:
+        self.proc.proc.send_signal(signal.SIGKILL)
+        self.proc.wait_exit(10)
+        self.client.close()
+        self.proc = self.start()
+
+    def submit(self, command: str, instances: int, gpu: float = 1, **spec: Any) -> str:
+        """Submit a gang (``spec``: more :func:`make_spec` arguments); returns its job id."""
+        return self.client.create_job(make_spec(instances, command=command, gpu=gpu, **spec)).job_id
+
+    def wait_done(self, job_id: str, timeout: float = 60) -> job_pb2.Job:
+        def done() -> job_pb2.Job | None:
+            job = self.client.get_job(job_id)
+            return job if job.state in DONE else None
+
+        return wait_for(done, timeout, f"job {job_id} to end", interval=0.2)
+
+    def close(self) -> None:
+        self.client.close()
+        self.proc.close()
+
+
+def task_states(p: Peloton, job_id: str) -> dict[int, str]:
+    tasks = p.client.list_tasks(job_id).tasks
+    return {t.instance_id: job_pb2.TaskState.Name(t.state) for t in tasks}

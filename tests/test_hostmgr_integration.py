@@ -10,15 +10,12 @@ suppressed.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon import DaemonProcess, run_peloton, wait_for
-from support import make_spec
+from daemon import Peloton, run_peloton, start_minicluster, task_states, wait_for
 
-from peloton.client import PelotonClient
 from peloton.minicluster import AgentSpec, Minicluster
 from peloton.v1 import job_pb2
 
@@ -26,85 +23,14 @@ from peloton.v1 import job_pb2
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"])
 
 AGENT = "cpus:4;mem:8192;disk:10000;gpus:2;ports:[31000-31100]"
-DONE = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_KILLED)
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Minicluster]:
-    mc = Minicluster(
-        AgentSpec.uniform(2, resources=AGENT, attributes="rack:r1;gpu_model:A100"),
-        port=0,
-        work_dir=tmp_path / "cluster",
-        allocation_interval=0.1,
-        update_retry_interval=1.0,
-    )
-    mc.start()
+    agents = AgentSpec.uniform(2, resources=AGENT, attributes="rack:r1;gpu_model:A100")
+    mc = start_minicluster(agents, tmp_path / "cluster")
     yield mc
     mc.stop()
-
-
-class Peloton:
-    """A daemon process against the cluster, restartable on the same database."""
-
-    def __init__(self, db_url: str, cluster: Minicluster, workdir: Path) -> None:
-        self.args = [
-            "--db-url",
-            db_url,
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--mesos-master",
-            cluster.address,
-            "--reconcile-interval-seconds",
-            "5",
-            "--offer-refuse-seconds",
-            "1",
-            "--log-format",
-            "text",
-        ]
-        self.workdir = workdir
-        self.runs = 0
-        self.proc = self.start()
-
-    def start(self) -> DaemonProcess:
-        self.runs += 1
-        proc = DaemonProcess(self.workdir / f"run{self.runs}", self.args).wait_ready()
-        self.client = PelotonClient(proc.address, timeout=10)
-        return proc
-
-    def restart_after_sigkill(self) -> None:
-        self.proc.proc.send_signal(signal.SIGKILL)
-        self.proc.wait_exit(10)
-        self.client.close()
-        self.proc = self.start()
-
-    def submit(self, command: str, instances: int, gpu: float = 1) -> str:
-        spec = make_spec(instances, command=command, gpu=gpu)
-        return self.client.create_job(spec).job_id
-
-    def wait_done(self, job_id: str, timeout: float = 60) -> job_pb2.Job:
-        def done() -> job_pb2.Job | None:
-            job = self.client.get_job(job_id)
-            return job if job.state in DONE else None
-
-        return wait_for(done, timeout, f"job {job_id} to end", interval=0.2)
-
-    def close(self) -> None:
-        self.client.close()
-        self.proc.close()
-
-
-@pytest.fixture
-def peloton(db_url: str, cluster: Minicluster, tmp_path: Path) -> Iterator[Peloton]:
-    p = Peloton(db_url, cluster, tmp_path / "daemon")
-    yield p
-    p.close()
-
-
-def task_states(p: Peloton, job_id: str) -> dict[int, str]:
-    tasks = p.client.list_tasks(job_id).tasks
-    return {t.instance_id: job_pb2.TaskState.Name(t.state) for t in tasks}
 
 
 def test_a_gang_on_two_agents_runs_to_succeeded_one_group_per_host(
@@ -132,12 +58,17 @@ def test_a_gang_on_two_agents_runs_to_succeeded_one_group_per_host(
 
 
 def test_a_failing_task_takes_its_group_down(peloton: Peloton) -> None:
-    job_id = peloton.submit('if [ "$PELOTON_RANK" = 0 ]; then exit 1; fi; sleep 60', 2)
+    job_id = peloton.submit(
+        'if [ "$PELOTON_RANK" = 0 ]; then exit 1; fi; sleep 60', 2, max_failures=0
+    )
     job = peloton.wait_done(job_id)
     assert job.state == job_pb2.JOB_STATE_FAILED
     states = task_states(peloton, job_id)
     assert states[0] == "TASK_STATE_FAILED"
+    # Killed as the rest of a failed gang, or lost with its task group if the executor's kill
+    # was reported with the failure.
     assert states[1] in ("TASK_STATE_LOST", "TASK_STATE_KILLED")
+    assert job.message.startswith("instance 0 failed")
 
 
 def test_a_sigkilled_daemon_takes_its_tasks_over_and_each_runs_once(
@@ -162,7 +93,7 @@ def test_a_sigkilled_daemon_takes_its_tasks_over_and_each_runs_once(
 
 
 def test_a_killed_agents_tasks_are_lost(peloton: Peloton, cluster: Minicluster) -> None:
-    job_id = peloton.submit("sleep 60", 2, gpu=2)  # one task per agent
+    job_id = peloton.submit("sleep 60", 2, gpu=2, max_failures=0)  # one task per agent
     wait_for(
         lambda: set(task_states(peloton, job_id).values()) == {"TASK_STATE_RUNNING"},
         30,

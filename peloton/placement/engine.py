@@ -86,7 +86,7 @@ class HostClass:
         return self.attributes.get("gpu_model", "")
 
     def capacity(self, per_task: Resources, ports: int) -> int:
-        """How many tasks of ``per_task`` (each with ``ports`` named ports) fit on one of these
+        """How many tasks of ``per_task`` (each taking ``ports`` host ports) fit on one of these
         hosts, in one task group (whose executor takes its own share)."""
         # A plain tuple: hashing the dataclass on every lookup costs more than the lookup.
         key = (per_task.cpu, per_task.mem_mb, per_task.disk_mb, per_task.gpu, ports)
@@ -194,7 +194,7 @@ def place_on(gang: Gang, snapshot: Snapshot) -> Placement:
     choice = _choose(gang, eligible)
     if choice is None:
         return Placement(None, _why_not(gang, classes, eligible, now=True))
-    return Placement(tuple(snapshot.take(choice, gang.per_task, len(gang.spec.task.ports))))
+    return Placement(tuple(snapshot.take(choice, gang.per_task, gang.ports_per_task)))
 
 
 def never_fits(gang: Gang, hosts: Sequence[HostOffers]) -> str | None:
@@ -227,7 +227,7 @@ Eligible = list[tuple[HostClass, int]]
 def _eligible(gang: Gang, classes: list[HostClass]) -> Eligible:
     """Classes that match the task's constraints and hold at least one task, with how many."""
     constraints = gang.spec.task.constraints
-    per, nports = gang.per_task, len(gang.spec.task.ports)
+    per, nports = gang.per_task, gang.ports_per_task
     return [
         (c, cap)
         for c in classes
@@ -398,7 +398,7 @@ def _why_not(gang: Gang, classes: list[HostClass], eligible: Eligible, *, now: b
 
 def _too_big(gang: Gang, matching: list[HostClass], free: str) -> str:
     """No matching host holds one task: the kind (or ports) that no host has enough of."""
-    per, ports = gang.per_task, len(gang.spec.task.ports)
+    per, ports = gang.per_task, gang.ports_per_task
     scope = "matching host" if gang.spec.task.constraints else "host"
     for kind in KINDS:
         need, most = per.get(kind), max(c.free.get(kind) for c in matching)
@@ -468,7 +468,7 @@ def _ruled_out(gang: Gang, classes: list[HostClass]) -> str:
     constraints = gang.spec.task.constraints
     if not constraints:
         return ""
-    per, nports = gang.per_task, len(gang.spec.task.ports)
+    per, nports = gang.per_task, gang.ports_per_task
     roomy = [c for c in classes if c.capacity(per, nports) > 0]
     off = [c for c in roomy if not matches(constraints, c.attributes)]
     if not off:

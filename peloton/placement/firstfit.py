@@ -59,7 +59,7 @@ def place(gang: Gang, hosts: Sequence[HostOffers]) -> Placement:
     the gang is placed (a few, on a big idle cluster).
     """
     task = gang.spec.task
-    ports = len(task.ports)
+    ports = gang.ports_per_task
     free: dict[str, Resources] = {}
     free_ports: dict[str, int] = {}
     out: list[str] = []

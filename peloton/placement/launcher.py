@@ -3,16 +3,25 @@
 A loop on its own thread, woken when offers arrive or the resource manager admits gangs (and
 once a second regardless). For each gang it takes: place every task (the placement engine, on
 one snapshot of the offer pool per round), lease every host it uses or none, record READY ->
-PLACING -> PLACED -> LAUNCHING, and launch. Anything that fails before the launch releases the
-leases and hands the gang back to the resource manager with the reason, which becomes the job's
-pending reason.
+PLACING -> PLACED -> LAUNCHING (one transaction), and launch. Anything that fails before the
+launch releases the leases and hands the gang back to the resource manager with the reason,
+which becomes the job's pending reason.
+
+Every task starts knowing its gang (task discovery): ``PELOTON_RANK``, ``PELOTON_GANG_SIZE``,
+``PELOTON_LOCAL_RANK``/``SIZE`` (among the gang's tasks on its host), ``PELOTON_CROSS_RANK``/
+``SIZE`` (among the hosts holding a task of its local rank), ``PELOTON_PEERS`` (``address:port``
+of every rank, in rank order: each task's first port, taken from the offers) and
+``PELOTON_PORT_<NAME>`` for its named ports. The collective runtime boots from exactly these.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from peloton.errors import PelotonError
@@ -23,6 +32,8 @@ from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import TaskUpdate
 from peloton.jobmgr.states import TaskState
 from peloton.placement import engine
+from peloton.placement.metrics import HOST_TAKEN, INFEASIBLE, LAUNCH, NO_FIT, PlacementMetrics
+from peloton.resources import ZERO, Resources
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +46,10 @@ class Hosts(Protocol):
 
     def snapshot(self) -> list[HostOffers]: ...
 
+    def totals(self) -> list[HostOffers]:
+        """Every host that takes work, with its total resources (as if nothing ran on it)."""
+        ...
+
     def lease(self, hostname: str) -> Lease | None: ...
 
     def release(self, lease: Lease) -> None: ...
@@ -45,19 +60,61 @@ class Hosts(Protocol):
 
 
 class _NotPlaced(Exception):
-    """The gang goes back to the resource manager with this reason."""
+    """The gang goes back to the resource manager with this reason (``kind``: the metric
+    label)."""
+
+    def __init__(self, why: str, kind: str = LAUNCH) -> None:
+        super().__init__(why)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where one rank of a gang sits among the gang's tasks and hosts."""
+
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+def topology(hosts: Sequence[str]) -> list[Rank]:
+    """Each rank's local and cross rank for tasks on ``hosts`` (by rank, as placement gives
+    them: a host's ranks are contiguous). Ranks with local rank k on different hosts form a
+    cross group, numbered in the order their hosts first appear."""
+    local_size = Counter(hosts)
+    order = list(dict.fromkeys(hosts))
+    out: list[Rank] = []
+    seen: Counter[str] = Counter()
+    for host in hosts:
+        k = seen[host]
+        seen[host] += 1
+        group = [h for h in order if local_size[h] > k]
+        out.append(Rank(k, local_size[host], group.index(host), len(group)))
+    return out
 
 
 class Launcher:
     """Places and launches admitted gangs until ``stop()``."""
 
     def __init__(
-        self, source: AdmittedGangs, hosts: Hosts, jobs: JobManager, interval: float = 1.0
+        self,
+        source: AdmittedGangs,
+        hosts: Hosts,
+        jobs: JobManager,
+        interval: float = 1.0,
+        *,
+        metrics: PlacementMetrics | None = None,
     ) -> None:
         self._source = source
         self._hosts = hosts
         self._jobs = jobs
         self._interval = interval
+        self.metrics = metrics or PlacementMetrics()
+        # Gangs found to fit the cluster's hosts when empty; forgotten when the hosts change
+        # (their count or total), so a gang is judged once per cluster shape.
+        self._feasible: set[str] = set()
+        self._cluster: tuple[int, Resources] = (0, ZERO)
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -90,24 +147,70 @@ class Launcher:
         gangs = self._source.take_admitted(BATCH)
         # Demand exists while gangs wait, placeable or not (then more offers may help).
         self._hosts.set_demand(bool(gangs))
+        if not gangs:
+            return 0
+        started = time.perf_counter()
         launched = 0
         # One snapshot per round (taking one costs a pass over every host); hosts this round
         # leased are left out of it for the next gangs.
-        snapshot = engine.Snapshot(self._hosts.snapshot() if gangs else [])
+        offered = self._hosts.snapshot()
+        largest = max(int(g.per_task.gpu) for g in gangs)
+        self.metrics.gpu_fragmentation.set(engine.gpu_fragmentation(offered, largest))
+        snapshot = engine.Snapshot(offered)
+        totals: Sequence[HostOffers] | None = None
         for gang in gangs:
             try:
                 used = self._place_and_launch(gang, snapshot)
                 launched += 1
                 snapshot.drop(used)
+                self._feasible.discard(gang.job_id)
+                if gang.admitted_at:
+                    self.metrics.gang_seconds.observe(max(0.0, time.time() - gang.admitted_at))
             except _NotPlaced as exc:
+                if exc.kind == NO_FIT:
+                    totals = self._totals() if totals is None else totals
+                    never = self._never_fits(gang, totals)
+                    if never:
+                        self.metrics.failures.labels(INFEASIBLE).inc()
+                        self._fail(gang, never)
+                        continue
+                self.metrics.failures.labels(exc.kind).inc()
                 self._source.return_admitted(gang, str(exc))
+        self.metrics.rounds.inc()
+        self.metrics.round_seconds.observe(time.perf_counter() - started)
         return launched
+
+    def _totals(self) -> Sequence[HostOffers]:
+        """The cluster's hosts with their totals (once per round, when a gang did not fit)."""
+        totals = self._hosts.totals()
+        cluster = (len(totals), sum((h.free for h in totals), ZERO))
+        if cluster != self._cluster:
+            self._cluster = cluster
+            self._feasible.clear()
+        return totals
+
+    def _never_fits(self, gang: Gang, totals: Sequence[HostOffers]) -> str | None:
+        """Why ``gang`` fits no set of the cluster's hosts even when they are empty; None if it
+        would (then it waits for room). With no host known yet, nothing is judged."""
+        if not totals or gang.job_id in self._feasible:
+            return None
+        why = engine.never_fits(gang, totals)
+        if why is None:
+            self._feasible.add(gang.job_id)
+        return why
+
+    def _fail(self, gang: Gang, why: str) -> None:
+        log.warning("gang can never be placed", extra={"job_id": gang.job_id, "why": why})
+        try:
+            self._jobs.fail_unplaceable(gang.job_id, f"no set of the cluster's hosts fits: {why}")
+        except PelotonError:
+            log.exception("could not fail an unplaceable gang")
 
     def _place_and_launch(self, gang: Gang, snapshot: engine.Snapshot) -> set[str]:
         """Place, lease, record and launch one gang; returns the hosts it leased."""
         placement = engine.place_on(gang, snapshot)
         if placement.hosts is None:
-            raise _NotPlaced(placement.reason)
+            raise _NotPlaced(placement.reason, NO_FIT)
         leases = self._lease_all(sorted(set(placement.hosts)))
         attempts: dict[int, int] = {}
         try:
@@ -140,7 +243,7 @@ class Launcher:
             if lease is None:
                 for got in leases.values():
                     self._hosts.release(got)
-                raise _NotPlaced(f"host {name} was taken by another placement")
+                raise _NotPlaced(f"host {name} was taken by another placement", HOST_TAKEN)
             leases[name] = lease
         return leases
 
@@ -159,27 +262,40 @@ class Launcher:
         leases: dict[str, Lease],
         attempts: dict[int, int],
     ) -> list[tuple[Lease, list[LaunchTask]]]:
-        by_host: dict[str, list[LaunchTask]] = {}
+        """Each host's tasks, with their ports (from the host's offers) and environment."""
         names = list(gang.spec.task.ports)
-        ports_left = {h: list(lease.ports) for h, lease in leases.items()}
-        used_ports: dict[str, int] = {}
+        per_task = gang.ports_per_task
+        on_host = Counter(hosts)
+        free_ports = {h: take_ports(leases[h].ports, per_task * n) for h, n in on_host.items()}
+        ranks = topology(hosts)
+        ports = [
+            free_ports[host][r.local_rank * per_task : (r.local_rank + 1) * per_task]
+            for host, r in zip(hosts, ranks, strict=True)
+        ]
+        address = {h: _address(lease) for h, lease in leases.items()}
+        peers = ",".join(f"{address[h]}:{p[0]}" for h, p in zip(hosts, ports, strict=True))
+        by_host: dict[str, list[LaunchTask]] = {}
         for rank, (instance, host) in enumerate(zip(gang.instances, hosts, strict=True)):
             task_id = f"{gang.job_id}-{instance}-{attempts[instance]}"
-            ports: list[int] = []
-            if names:
-                offset = used_ports.get(host, 0)
-                ports = take_ports(ports_left[host], offset + len(names))[offset:]
-                used_ports[host] = offset + len(names)
+            r = ranks[rank]
             env = dict(gang.spec.task.env)
             env.update(
                 PELOTON_JOB_ID=gang.job_id,
                 PELOTON_INSTANCE_ID=str(instance),
                 PELOTON_ATTEMPT_ID=task_id,
-                PELOTON_RANK=str(rank),
                 PELOTON_GANG_SIZE=str(gang.size),
+                PELOTON_RANK=str(rank),
+                PELOTON_LOCAL_RANK=str(r.local_rank),
+                PELOTON_LOCAL_SIZE=str(r.local_size),
+                PELOTON_CROSS_RANK=str(r.cross_rank),
+                PELOTON_CROSS_SIZE=str(r.cross_size),
+                PELOTON_PEERS=peers,
             )
             env.update(
-                {f"PELOTON_PORT_{n.upper()}": str(p) for n, p in zip(names, ports, strict=True)}
+                {
+                    f"PELOTON_PORT_{n.upper()}": str(p)
+                    for n, p in zip(names, ports[rank][1:], strict=True)
+                }
             )
             by_host.setdefault(host, []).append(
                 LaunchTask(
@@ -188,25 +304,26 @@ class Launcher:
                     command=gang.spec.task.command,
                     env=env,
                     resources=gang.per_task,
-                    ports=tuple(ports),
+                    ports=tuple(ports[rank]),
                     kill_grace_seconds=gang.kill_grace_seconds,
                 )
             )
         return [(leases[h], tasks) for h, tasks in by_host.items()]
 
     def _record(self, gang: Gang, hosts: Sequence[str], attempts: dict[int, int]) -> None:
-        for state, reason in (
-            (TaskState.PLACING, "placing"),
-            (TaskState.PLACED, "placed"),
-            (TaskState.LAUNCHING, "launching"),
-        ):
-            self._jobs.update_tasks(
-                gang.job_id,
-                [
-                    TaskUpdate(i, attempts[i], state, reason, "", host)
-                    for i, host in zip(gang.instances, hosts, strict=True)
-                ],
-            )
+        """READY -> PLACING -> PLACED -> LAUNCHING for every task, in one transaction."""
+        self._jobs.update_tasks(
+            gang.job_id,
+            [
+                TaskUpdate(i, attempts[i], state, reason, "", host)
+                for state, reason in (
+                    (TaskState.PLACING, "placing"),
+                    (TaskState.PLACED, "placed"),
+                    (TaskState.LAUNCHING, "launching"),
+                )
+                for i, host in zip(gang.instances, hosts, strict=True)
+            ],
+        )
 
     def _back_to_ready(self, gang: Gang, attempts: dict[int, int], why: str) -> None:
         try:
@@ -219,3 +336,10 @@ class Launcher:
             )
         except PelotonError:
             log.exception("could not requeue a gang whose launch failed")
+
+
+def _address(lease: Lease) -> str:
+    """Where a host's tasks are reached: the agent's IP from its offers (the address its
+    tasks listen on with host networking), else its hostname."""
+    agent = lease.agent_address
+    return agent.rsplit(":", 1)[0] if agent else lease.hostname
