@@ -200,7 +200,7 @@ def test_offers_have_real_shapes(make_minicluster: Any) -> None:
     assert offer["hostname"] == "agent-0"
     assert offer["allocation_info"] == {"role": "trainers"}
     assert offer["url"]["scheme"] == "http" and offer["url"]["path"].startswith("/slave(")
-    assert offer["url"]["address"]["ip"] == "127.0.0.1"
+    assert offer["url"]["address"]["ip"] == "127.0.1.1"  # the first agent's own loopback address
     by_name = {r["name"]: r for r in offer["resources"]}
     assert by_name["cpus"] == {
         "name": "cpus",

@@ -78,7 +78,7 @@ def test_too_big_names_the_kind_and_the_executor_share() -> None:
         "task needs 64 cpus plus 0.1 for the executor; the largest host has 64 free"
     )
     assert reason(gang(1, ports=3), [host("a", 8, ports=2)]) == (
-        "task needs 3 ports; the largest host has 2 free"
+        "task needs 4 ports (3 named, 1 for PELOTON_PEERS); the largest host has 2 free"
     )
 
 

@@ -32,9 +32,13 @@ class Minicluster:
     ``simulated=True``, on a clock: no processes, 10,000 agents are fine).
 
     ``port=0`` picks a free port. Real mode keeps sandboxes under ``work_dir`` (a temporary
-    directory, removed on stop, if not given). ``allocation_interval`` is how often free
-    resources are re-offered (Mesos: 1 s); ``update_retry_interval`` is the first re-send delay
-    of an unacknowledged status update (Mesos agents: 10 s, doubling).
+    directory, removed on stop, if not given). With the default ``host`` 127.0.0.1, each real
+    agent gets its own loopback address (127.0.1.1, 127.0.1.2, ...; Linux routes all of
+    127.0.0.0/8 to this machine), which its offers carry and its HTTP server listens on: tasks
+    on different agents may then use the same ports, as on separate machines.
+    ``allocation_interval`` is how often free resources are re-offered (Mesos: 1 s);
+    ``update_retry_interval`` is the first re-send delay of an unacknowledged status update
+    (Mesos agents: 10 s, doubling).
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class Minicluster:
         self._runner: Runner | None = None
         self._server: MasterServer | None = None
         self._agent_servers: dict[str, AgentServer] = {}
+        self._real_agents = 0  # real agents ever added: the next one's loopback address
         self._stop_lock = threading.Lock()
         self._stopped = False
 
@@ -159,14 +164,22 @@ class Minicluster:
             return master.add_agent(spec, self._host, master.port, None).id
         directory = self._work_dir / "agents" / spec.hostname
         directory.mkdir(parents=True, exist_ok=True)
-        server = AgentServer(directory, self._host)
+        ip = self._agent_ip()
+        server = AgentServer(directory, ip)
         try:
-            agent = master.add_agent(spec, self._host, server.port, directory)
+            agent = master.add_agent(spec, ip, server.port, directory)
         except BaseException:
             server.stop()
             raise
         self._agent_servers[agent.id] = server
         return agent.id
+
+    def _agent_ip(self) -> str:
+        """The next real agent's address: its own loopback address on the default host."""
+        if self._host != "127.0.0.1":
+            return self._host
+        n, self._real_agents = self._real_agents, self._real_agents + 1
+        return f"127.0.{1 + n // 250}.{1 + n % 250}"
 
     def agent_id(self, hostname: str) -> str:
         with self.master.lock:

@@ -412,7 +412,11 @@ def _too_big(gang: Gang, matching: list[HostClass], free: str) -> str:
             )
     most_ports = max(c.ports for c in matching)
     if ports > most_ports:
-        return f"task needs {_amount(ports, 'ports')}; the largest {scope} has {most_ports}{free}"
+        named = len(gang.spec.task.ports)
+        return (
+            f"task needs {_amount(ports, 'ports')} ({named} named, 1 for PELOTON_PEERS); "
+            f"the largest {scope} has {most_ports}{free}"
+        )
     return f"no {scope} has room for one task ({describe(per)})"
 
 

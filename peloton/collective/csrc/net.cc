@@ -35,17 +35,51 @@ bool wait_fd(int fd, short events, Clock::time_point deadline) {
 
 }  // namespace
 
-int listen_on(int port) {
+namespace {
+
+// The IPv4 address `host` names, if it resolves.
+bool resolve(const std::string& host, in_addr* out) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  *out = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+  ::freeaddrinfo(res);
+  return true;
+}
+
+bool bind_to(int fd, in_addr ip, int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr = ip;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+}
+
+}  // namespace
+
+int listen_on(const std::string& host, int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw CollectiveError(errno_str("socket"));
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    const std::string msg = "cannot listen on port " + std::to_string(port) + ": " + std::strerror(errno);
+  // This rank's own address first: hosts that share a machine (several loopback addresses, one
+  // port range) then don't collide. An address that is not local (NAT) falls back to all.
+  in_addr ip{};
+  bool bound = false;
+  bool fallback = true;
+  if (resolve(host, &ip)) {
+    bound = bind_to(fd, ip, port);
+    fallback = !bound && errno == EADDRNOTAVAIL;
+  }
+  if (!bound && fallback) {
+    ip.s_addr = htonl(INADDR_ANY);
+    bound = bind_to(fd, ip, port);
+  }
+  if (!bound) {
+    const std::string msg =
+        "cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(errno);
     ::close(fd);
     throw CollectiveError(msg);
   }

@@ -9,8 +9,9 @@
 
 namespace peloton {
 
-// Listens on every interface at `port`; the caller owns the returned fd.
-int listen_on(int port);
+// Listens at host:port (this rank's own address; every interface if it is not local); the
+// caller owns the returned fd.
+int listen_on(const std::string& host, int port);
 
 // Connects to host:port, retrying refused connections until `deadline` (peers start in any order).
 int connect_to(const std::string& host, int port, Clock::time_point deadline, int peer);

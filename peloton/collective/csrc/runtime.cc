@@ -158,7 +158,8 @@ Runtime::~Runtime() {
 
 void Runtime::connect_mesh(const std::vector<std::string>& hosts, const std::vector<int>& ports) {
   const auto deadline = Clock::now() + timeout_;
-  const int lfd = listen_on(ports[static_cast<size_t>(rank_)]);
+  const auto self = static_cast<size_t>(rank_);
+  const int lfd = listen_on(hosts[self], ports[self]);
   auto hello = [&](int fd, uint8_t channel, int peer) {
     Writer w;
     w.u32(kMagic);
