@@ -270,18 +270,17 @@ class JobManager:
                 return repo.job_record(row)
             now = self._clock()
             counts = repo.counts_of(row)
-            moved = repo.bulk_transition(
+            _move(
                 session,
                 job_id,
+                counts,
                 TASK_UNLAUNCHED,
                 TaskState.KILLED,
                 now=now,
                 reason=reason,
                 message=message,
                 goal=Goal.KILL,
-                ended=True,
             )
-            _shift(counts, moved, TaskState.KILLED)
             # Tasks already KILLING for a restart must now stay killed: no new attempt.
             repo.set_goal(session, job_id, {TaskState.KILLING}, Goal.KILL, now=now)
             to_kill = self._stop_running(session, row, counts, now, reason, message, Goal.KILL)
@@ -324,16 +323,16 @@ class JobManager:
                 raise FailedPrecondition(f"job {job_id} is PENDING; no task has started yet")
             now = self._clock()
             counts = repo.counts_of(row)
-            moved = repo.bulk_new_attempt(
+            _renew(
                 session,
                 job_id,
+                counts,
                 TASK_TERMINAL,
                 now=now,
                 reason="restarted",
                 message=message,
                 reset_failures=True,
             )
-            _shift(counts, moved, TaskState.PENDING, new_attempt=True)
             to_kill = self._stop_running(
                 session, row, counts, now, "restarted", message, Goal.RESTART
             )
@@ -360,18 +359,17 @@ class JobManager:
     ) -> list[str]:
         """Move the job's running tasks to KILLING (PREEMPTING too: this overrides a
         preemption) and return every KILLING attempt, for the host manager to stop."""
-        moved = repo.bulk_transition(
+        _move(
             session,
             row.id,
+            counts,
             TASK_ACTIVE - {TaskState.KILLING},
             TaskState.KILLING,
             now=now,
             reason=reason,
             message=message,
             goal=goal,
-            ended=False,
         )
-        _shift(counts, moved, TaskState.KILLING)
         return self._attempts_in(session, row.id, {TaskState.KILLING})
 
     def delete_job(self, job_id: str) -> None:
@@ -419,19 +417,18 @@ class JobManager:
             return ()
         now = self._clock()
         counts = repo.counts_of(row)
-        moved = repo.bulk_transition(
+        _move(
             session,
             job_id,
+            counts,
             {TaskState.PENDING},
             TaskState.READY,
             now=now,
             reason="admitted",
             message=message,
             goal=Goal.RUN,
-            ended=False,
             instances=ids,
         )
-        _shift(counts, moved, TaskState.READY)
         self._derive(session, row, now, counts)
         if JobState(row.state) == JobState.PENDING:
             repo.update_job(session, row, reason="admitted", message=message, updated_at=now)
@@ -469,18 +466,17 @@ class JobManager:
             row = self._lock(session, job_id)
             now = self._clock()
             counts = repo.counts_of(row)
-            moved = repo.bulk_transition(
+            _move(
                 session,
                 job_id,
+                counts,
                 states,
                 TaskState.FAILED,
                 now=now,
                 reason=reason,
                 message=message,
                 goal=Goal.RUN,
-                ended=True,
             )
-            _shift(counts, moved, TaskState.FAILED)
             self._derive(session, row, now, counts, reason=reason, message=message)
             job = repo.job_record(row)
         self._after_commit((), 0, job_id)
@@ -495,30 +491,28 @@ class JobManager:
             row = self._lock(session, job_id)
             now = self._clock()
             counts = repo.counts_of(row)
-            moved = repo.bulk_transition(
+            _move(
                 session,
                 job_id,
+                counts,
                 {TaskState.READY, TaskState.PLACING, TaskState.PLACED},
                 TaskState.PENDING,
                 now=now,
                 reason=PREEMPTED,
                 message=message,
                 goal=Goal.RUN,
-                ended=False,
             )
-            _shift(counts, moved, TaskState.PENDING)
-            moved = repo.bulk_transition(
+            _move(
                 session,
                 job_id,
+                counts,
                 TASK_ACTIVE - {TaskState.KILLING, TaskState.PREEMPTING},
                 TaskState.PREEMPTING,
                 now=now,
                 reason=PREEMPTED,
                 message=message,
                 goal=Goal.RESTART,
-                ended=False,
             )
-            _shift(counts, moved, TaskState.PREEMPTING)
             to_kill = self._attempts_in(session, job_id, {TaskState.PREEMPTING})
             self._derive(session, row, now, counts, reason=PREEMPTED, message=message)
             job = repo.job_record(row)
@@ -537,18 +531,17 @@ class JobManager:
                 row = self._lock(session, job_id)
                 now = self._clock()
                 counts = repo.counts_of(row)
-                moved = repo.bulk_transition(
+                _move(
                     session,
                     job_id,
+                    counts,
                     {TaskState.PLACING, TaskState.PLACED},
                     TaskState.READY,
                     now=now,
                     reason="requeued",
                     message="placement was interrupted by a daemon restart",
                     goal=Goal.RUN,
-                    ended=False,
                 )
-                _shift(counts, moved, TaskState.READY)
                 self._derive(session, row, now, counts)
             self._after_commit((), 0, job_id)
         return job_ids
@@ -619,9 +612,10 @@ class JobManager:
         kill (the rest of a failed gang)."""
         if plan.action is restarts.Action.RESTART_TASKS:
             if plan.restart:
-                moved = repo.bulk_new_attempt(
+                _renew(
                     session,
                     row.id,
+                    counts,
                     _FAILURES,
                     now=now,
                     reason=restarts.TASK_RESTART,
@@ -629,7 +623,6 @@ class JobManager:
                     reset_failures=False,
                     instances=plan.restart,
                 )
-                _shift(counts, moved, TaskState.PENDING, new_attempt=True)
                 row.not_before = plan.not_before
             return []
         restart = plan.action is restarts.Action.RESTART_GANG
@@ -662,46 +655,44 @@ class JobManager:
     ) -> None:
         """Every task of a failed gang that is not running goes back to PENDING: unlaunched
         ones in their attempt, ended ones (the failed, and any that had finished) in a new one."""
-        moved = repo.bulk_transition(
+        _move(
             session,
             job_id,
+            counts,
             TASK_UNLAUNCHED - {TaskState.PENDING, TaskState.INITIALIZED},
             TaskState.PENDING,
             now=now,
             reason=restarts.GANG_RESTART,
             message=why,
             goal=Goal.RUN,
-            ended=False,
         )
-        _shift(counts, moved, TaskState.PENDING)
-        moved = repo.bulk_new_attempt(
+        _renew(
             session,
             job_id,
+            counts,
             TASK_TERMINAL,
             now=now,
             reason=restarts.GANG_RESTART,
             message=why,
             reset_failures=False,
         )
-        _shift(counts, moved, TaskState.PENDING, new_attempt=True)
 
     def _end_gang(
         self, session: Session, job_id: str, now: datetime, why: str, counts: dict[TaskState, int]
     ) -> None:
         """A gang out of restarts: what never launched is killed (running tasks are stopped by
         the caller); the job then fails with the failure's reason."""
-        moved = repo.bulk_transition(
+        _move(
             session,
             job_id,
+            counts,
             TASK_UNLAUNCHED,
             TaskState.KILLED,
             now=now,
             reason="gang_failed",
             message=why,
             goal=Goal.KILL,
-            ended=True,
         )
-        _shift(counts, moved, TaskState.KILLED)
 
     def _apply(
         self,
@@ -888,6 +879,62 @@ class JobManager:
             self._killer.kill(to_kill, grace)
         if self._scheduler is not None:
             self._scheduler.job_changed(job_id)
+
+
+def _move(
+    session: Session,
+    job_id: str,
+    counts: dict[TaskState, int],
+    sources: Iterable[TaskState],
+    to: TaskState,
+    *,
+    now: datetime,
+    reason: str,
+    message: str,
+    goal: Goal,
+    instances: Sequence[int] | None = None,
+) -> None:
+    """Move a job's tasks in ``sources`` (and ``instances``, if given) to ``to``, checked
+    against the state table and counted in ``counts``."""
+    moved = repo.bulk_transition(
+        session,
+        job_id,
+        sources,
+        to,
+        now=now,
+        reason=reason,
+        message=message,
+        goal=goal,
+        ended=to in TASK_TERMINAL,
+        instances=instances,
+    )
+    _shift(counts, moved, to)
+
+
+def _renew(
+    session: Session,
+    job_id: str,
+    counts: dict[TaskState, int],
+    sources: Iterable[TaskState],
+    *,
+    now: datetime,
+    reason: str,
+    message: str,
+    reset_failures: bool,
+    instances: Sequence[int] | None = None,
+) -> None:
+    """Start a new PENDING attempt of a job's ended tasks in ``sources`` (and ``instances``)."""
+    moved = repo.bulk_new_attempt(
+        session,
+        job_id,
+        sources,
+        now=now,
+        reason=reason,
+        message=message,
+        reset_failures=reset_failures,
+        instances=instances,
+    )
+    _shift(counts, moved, TaskState.PENDING, new_attempt=True)
 
 
 def _shift(
