@@ -319,6 +319,15 @@ class Peloton:
         """Submit a gang (``spec``: more :func:`make_spec` arguments); returns its job id."""
         return self.client.create_job(make_spec(instances, command=command, gpu=gpu, **spec)).job_id
 
+    def wait_running(self, job_id: str, timeout: float = 30) -> None:
+        """Until every task of the job is RUNNING."""
+        wait_for(
+            lambda: set(task_states(self, job_id).values()) == {"TASK_STATE_RUNNING"},
+            timeout,
+            "every task RUNNING",
+            interval=0.1,
+        )
+
     def wait_done(self, job_id: str, timeout: float = 60) -> job_pb2.Job:
         def done() -> job_pb2.Job | None:
             job = self.client.get_job(job_id)

@@ -186,12 +186,7 @@ def test_a_lost_agent_takes_the_gang_down_and_it_restarts_elsewhere(
     job_id = peloton.submit(
         command(tmp_path, "hang-first", out), 2, gpu=2, max_failures=1, backoff_seconds=0
     )
-    wait_for(
-        lambda: set(task_states(peloton, job_id).values()) == {"TASK_STATE_RUNNING"},
-        30,
-        "every task RUNNING",
-        interval=0.1,
-    )
+    peloton.wait_running(job_id)
     victim = next(t for t in cluster.tasks() if t.task_id.startswith(job_id))
     cluster.kill_agent(victim.hostname)
     job = peloton.wait_done(job_id, timeout=90)

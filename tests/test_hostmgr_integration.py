@@ -75,12 +75,7 @@ def test_a_sigkilled_daemon_takes_its_tasks_over_and_each_runs_once(
     peloton: Peloton, cluster: Minicluster
 ) -> None:
     job_id = peloton.submit("sleep 3", 3)
-    wait_for(
-        lambda: set(task_states(peloton, job_id).values()) == {"TASK_STATE_RUNNING"},
-        30,
-        "every task RUNNING",
-        interval=0.1,
-    )
+    peloton.wait_running(job_id)
     framework = {t.framework_id for t in cluster.tasks()}
     peloton.restart_after_sigkill()
     job = peloton.wait_done(job_id)
@@ -94,12 +89,7 @@ def test_a_sigkilled_daemon_takes_its_tasks_over_and_each_runs_once(
 
 def test_a_killed_agents_tasks_are_lost(peloton: Peloton, cluster: Minicluster) -> None:
     job_id = peloton.submit("sleep 60", 2, gpu=2, max_failures=0)  # one task per agent
-    wait_for(
-        lambda: set(task_states(peloton, job_id).values()) == {"TASK_STATE_RUNNING"},
-        30,
-        "every task RUNNING",
-        interval=0.1,
-    )
+    peloton.wait_running(job_id)
     victim = next(t for t in cluster.tasks() if t.task_id.startswith(job_id))
     cluster.kill_agent(victim.hostname)
     job = peloton.wait_done(job_id)
