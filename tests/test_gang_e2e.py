@@ -105,7 +105,9 @@ def out(tmp_path: Path) -> Path:
 def command(tmp_path: Path, mode: str, out: Path) -> str:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    return f"{sys.executable} {script} {mode} {out}"
+    # exec: the worker itself gets the kill's SIGTERM (a shell in between would die of it, and
+    # the rest of the task's process group with it).
+    return f"exec {sys.executable} {script} {mode} {out}"
 
 
 def attempts(p: Peloton, job_id: str) -> dict[int, int]:
