@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 PROTOS := $(wildcard proto/peloton/v1/*.proto)
 STAMP  := $(VENV)/.installed
 
-.PHONY: help dev proto proto-check lint test test-fast bench demo clean
+.PHONY: help dev proto proto-check lint test test-fast bench demo clean prometheus
 
 help:
 	@echo "make dev          virtualenv in $(VENV), editable install with dev tools, generated code"
@@ -45,7 +45,11 @@ lint: $(STAMP) proto-check
 	$(BIN)/ruff format --check peloton tests bench migrations
 	$(BIN)/mypy peloton bench
 
-test: $(STAMP)
+# prometheus and promtool, which the deploy and Prometheus tests run (Debian package, as root).
+prometheus:
+	scripts/install-prometheus.sh
+
+test: $(STAMP) prometheus
 	scripts/ensure-postgres.sh
 	$(BIN)/pytest -q
 
