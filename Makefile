@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 help:
 	@echo "make dev          virtualenv in $(VENV), editable install with dev tools, generated code"
-	@echo "make test         the whole test suite (SQLite and PostgreSQL; starts local PostgreSQL)"
+	@echo "make test         the whole test suite (SQLite and PostgreSQL; starts local PostgreSQL, installs prometheus)"
 	@echo "make lint         ruff, mypy and the generated-code check"
 	@echo "make bench        benchmarks (figures go in BENCHMARKS.md)"
 	@echo "make demo         daemon on embedded SQLite: submit, list, restart, still there"

@@ -107,13 +107,15 @@ def alert_rules() -> list[dict[str, Any]]:
     return [rule for group in groups for rule in group["rules"] if "alert" in rule]
 
 
-def test_every_alert_has_a_severity_annotations_and_a_firing_and_a_quiet_test() -> None:
+def test_every_alert_has_a_severity_annotations_a_readme_row_and_firing_and_quiet_tests() -> None:
     tests = yaml.safe_load((PROMETHEUS / "rules_test.yml").read_text())["tests"]
     cases = [case for test in tests for case in test.get("alert_rule_test", [])]
+    readme = (ROOT / "README.md").read_text().split("\n## Deploy\n", 1)[1].split("\n## ", 1)[0]
     for rule in alert_rules():
         name = rule["alert"]
         assert rule["labels"]["severity"] in ("critical", "warning"), name
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
+        assert f"| `{name}` | {rule['labels']['severity']} |" in readme, f"{name}: not in README"
         ours = [case for case in cases if case["alertname"] == name]
         assert any(case["exp_alerts"] for case in ours), f"{name}: no test where it fires"
         assert any(not case["exp_alerts"] for case in ours), f"{name}: no test where it is quiet"
