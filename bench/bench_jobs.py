@@ -206,11 +206,13 @@ def _die_with_parent() -> None:
 
 
 class Daemon:
-    """``peloton server`` on a database, in its own process, on free ports."""
+    """``peloton server`` on a database, in its own process, on free ports (``args``: more
+    options, e.g. ``--mesos-master``)."""
 
-    def __init__(self, url: str, workdir: Path) -> None:
+    def __init__(self, url: str, workdir: Path, args: Sequence[str] = ()) -> None:
         self.url = url
         self.workdir = workdir
+        self.args = list(args)
         self.log_path = workdir / "server.log"
         self.port_file = workdir / "ports"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -242,6 +244,7 @@ class Daemon:
             str(self.port_file),
             "--log-level",
             "warning",
+            *self.args,
         ]
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
