@@ -169,6 +169,7 @@ class Server:
             resmgr, self.hostmgr, jobs, metrics=PlacementMetrics(self.metrics.registry)
         )
         self.hostmgr.add_offer_listener(self.launcher.wake)
+        resmgr.add_admission_listener(self.launcher.wake)
 
     def _register_state_gauges(self, db: Database) -> None:
         def jobs() -> dict[str, int]:

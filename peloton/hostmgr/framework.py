@@ -484,6 +484,12 @@ class HostManager:
         seen: set[str] = set()
         ack: list[Mapping[str, Any]] = []
         by_job: dict[str, list[_Planned]] = {}
+        # What peloton has now of every task the batch is about, read once for the batch.
+        current = self._store.current_attempts(
+            (ids[0], ids[1])
+            for status in batch
+            if (ids := parse_attempt_id(status["task_id"]["value"])) is not None
+        )
         for status in batch:
             uid = status.get("uuid")
             if uid is not None and uid in seen:
@@ -492,7 +498,7 @@ class HostManager:
                 seen.add(uid)
             self.metrics.status_updates.labels(state=status.get("state", "")).inc()
             try:
-                planned = self._plan(status)
+                planned = self._plan(status, current)
             except Exception:
                 log.exception("status update not handled", extra={"status": dict(status)})
                 continue
@@ -518,10 +524,10 @@ class HostManager:
         return written + skipped
 
     def _write(self, job_id: str, items: list[_Planned]) -> tuple[list[_Planned], list[_Planned]]:
-        """(written, not applicable): all in one transaction if they are for distinct tasks and
-        all apply, else one by one."""
-        instances = {p.update.instance_id for p in items}
-        if len(items) > 1 and len(instances) == len(items):
+        """(written, not applicable): all in one transaction if they all apply (the job manager
+        applies a task's updates in order: a TASK_STARTING and TASK_RUNNING of one task in a
+        batch are two changes), else one by one."""
+        if len(items) > 1:
             try:
                 self._jobs.update_tasks(job_id, [p.update for p in items])
                 return items, []
@@ -545,15 +551,20 @@ class HostManager:
                 log.exception("persisting a status update failed", extra={"task_id": p.task_id})
         return written, skipped
 
-    def _plan(self, status: Mapping[str, Any]) -> _Planned | None:
+    def _plan(
+        self,
+        status: Mapping[str, Any],
+        attempts: Mapping[tuple[str, int], tuple[int, TaskState, str]],
+    ) -> _Planned | None:
         """The peloton change a status update asks for; None if nothing is to be written (it is
-        stale, not ours, or no change), after killing what must not run."""
+        stale, not ours, or no change), after killing what must not run. ``attempts``: the
+        current attempts, as the store's ``current_attempts`` gives them."""
         task_id = status["task_id"]["value"]
         state = status.get("state", "")
         agent_id = status.get("agent_id", {}).get("value", "")
         ids = parse_attempt_id(task_id)
         mesos_active = state in mesos_states.MESOS_ACTIVE and state != "TASK_UNREACHABLE"
-        current = None if ids is None else self._store.current_attempt(ids[0], ids[1])
+        current = None if ids is None else attempts.get((ids[0], ids[1]))
         if ids is None or current is None or ids[2] != current[0] or current[1] in TASK_TERMINAL:
             # Not ours, or peloton has moved on (a newer attempt, or this one ended, or the job
             # was deleted): the task must not run.

@@ -73,8 +73,11 @@ class HostStore(Protocol):
         """Mesos task ids of the current attempts of every task in ``states``."""
         ...
 
-    def current_attempt(self, job_id: str, instance_id: int) -> tuple[int, TaskState, str] | None:
-        """(attempt, state, host) of a task's current attempt; None if there is no such task."""
+    def current_attempts(
+        self, tasks: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int, TaskState, str]]:
+        """(attempt, state, host) of the current attempt of each (job id, instance id) given
+        that exists."""
         ...
 
 

@@ -134,12 +134,17 @@ class Launcher:
         self._wake.set()
 
     def _loop(self) -> None:
+        busy = False
         while not self._stopped.is_set():
-            self._wake.wait(self._interval)
+            if not busy:
+                self._wake.wait(self._interval)
             self._wake.clear()
             try:
-                self.run_once()
+                # A round that launched gangs may have left more behind (BATCH per round):
+                # run the next one at once rather than after the interval.
+                busy = self.run_once() > 0
             except Exception:
+                busy = False
                 log.exception("launcher round failed")
 
     def run_once(self) -> int:

@@ -161,6 +161,7 @@ class ResourceManager:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._expired_at = 0.0  # when jobs past their max runtime were last looked for
+        self._admission_listeners: list[Callable[[], None]] = []
         self.metrics.watch(self.statuses)
 
     # ---------------------------------------------------------------- life cycle
@@ -306,6 +307,10 @@ class ResourceManager:
         self._calculator = Calculator(tree)
 
     # ---------------------------------------------------------------- placement's side
+
+    def add_admission_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the cycle's thread) whenever gangs were admitted."""
+        self._admission_listeners.append(listener)
 
     def take_admitted(self, limit: int) -> Sequence[Gang]:
         """Up to ``limit`` admitted gangs not yet placed, highest priority first."""
@@ -497,6 +502,8 @@ class ResourceManager:
             view = self._views.get(gang.key)
             if ids and view is not None:
                 self._admitted_now(view, gang, pool, ids, message)
+        for listener in self._admission_listeners:
+            listener()
 
     def _admitted_now(
         self, view: JobView, gang: Waiting, pool: str, ids: tuple[int, ...], message: str

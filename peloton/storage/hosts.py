@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, tuple_
 
 from peloton.hostmgr.hosts import HostRecord, HostState
 from peloton.jobmgr.records import attempt_id
@@ -14,6 +14,8 @@ from peloton.jobmgr.states import TaskState
 from peloton.resources import Resources
 from peloton.storage.db import Database
 from peloton.storage.models import FrameworkRow, HostRow, TaskRow
+
+_KEYS_PER_QUERY = 1000
 
 
 def host_record(row: HostRow) -> HostRecord:
@@ -95,13 +97,30 @@ class SqlHostStore:
             )
             return [attempt_id(j, i, a) for j, i, a in rows]
 
-    def current_attempt(self, job_id: str, instance_id: int) -> tuple[int, TaskState, str] | None:
+    def current_attempts(
+        self, tasks: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int, TaskState, str]]:
+        keys = sorted(set(tasks))
+        out: dict[tuple[str, int], tuple[int, TaskState, str]] = {}
+        if not keys:
+            return out
+        # A few queries for a whole batch of status updates (a gang starting is one burst), in
+        # chunks that stay below SQLite's limit on parameters.
         with self._db.reading() as session:
-            row = session.execute(
-                select(TaskRow.attempt, TaskRow.state, TaskRow.host).where(
-                    TaskRow.job_id == job_id, TaskRow.instance_id == instance_id
+            for i in range(0, len(keys), _KEYS_PER_QUERY):
+                rows = session.execute(
+                    select(
+                        TaskRow.job_id,
+                        TaskRow.instance_id,
+                        TaskRow.attempt,
+                        TaskRow.state,
+                        TaskRow.host,
+                    ).where(
+                        tuple_(TaskRow.job_id, TaskRow.instance_id).in_(
+                            keys[i : i + _KEYS_PER_QUERY]
+                        )
+                    )
                 )
-            ).first()
-        if row is None:
-            return None
-        return int(row.attempt), TaskState(row.state), row.host
+                for job_id, instance_id, attempt, state, host in rows:
+                    out[(job_id, instance_id)] = (int(attempt), TaskState(state), host)
+        return out

@@ -19,6 +19,7 @@ from sqlalchemy import (
     and_,
     cast,
     delete,
+    event,
     exists,
     func,
     insert,
@@ -27,7 +28,8 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import ORMExecuteState, Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from peloton.errors import InvalidArgument
 from peloton.jobmgr.records import (
@@ -51,6 +53,8 @@ _JOBS = JobRow.metadata.tables[JobRow.__tablename__]
 _LABELS = JobLabelRow.metadata.tables[JobLabelRow.__tablename__]
 _TASKS = TaskRow.metadata.tables[TaskRow.__tablename__]
 _EVENTS = JobEventRow.metadata.tables[JobEventRow.__tablename__]
+# Where a session keeps the task changes set_task has not written yet.
+_TASK_WRITES = "peloton_task_writes"
 
 
 # ---------------------------------------------------------------------------- conversions
@@ -502,9 +506,63 @@ def list_tasks(
 
 
 def set_task(session: Session, row: TaskRow, **values: Any) -> None:
+    """Change a task and bump its version.
+
+    The row object changes at once; the database gets the change before the session's next
+    statement or its commit (so every statement sees it), written set-based: tasks changed
+    meanwhile that end up with the same values share one UPDATE. A gang's tasks moving through
+    several states on one host are then one statement, where the ORM's flush wrote each task
+    and each state (on psycopg2, one round trip per row)."""
+    pending: dict[tuple[str, int], _TaskWrite] = session.info.setdefault(_TASK_WRITES, {})
+    write = pending.setdefault((row.job_id, row.instance_id), _TaskWrite())
+    write.values.update(values)
+    write.bumps += 1
     for key, value in values.items():
-        setattr(row, key, value)
-    row.version += 1
+        set_committed_value(row, key, value)
+    set_committed_value(row, "version", row.version + 1)
+
+
+class _TaskWrite:
+    """What one transaction changed of one task: the final values, and how many changes."""
+
+    __slots__ = ("bumps", "values")
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.bumps = 0
+
+
+def _write_tasks(session: Session) -> None:
+    """Write the task changes :func:`set_task` recorded, one UPDATE per job and set of values."""
+    pending: dict[tuple[str, int], _TaskWrite] | None = session.info.pop(_TASK_WRITES, None)
+    if not pending:
+        return
+    groups: dict[tuple[str, int, tuple[tuple[str, Any], ...]], list[int]] = defaultdict(list)
+    for (job_id, instance_id), write in pending.items():
+        groups[(job_id, write.bumps, tuple(sorted(write.values.items())))].append(instance_id)
+    # On the connection: a statement through the session would come back here.
+    conn = session.connection()
+    for (job_id, bumps, values), instances in groups.items():
+        conn.execute(
+            update(_TASKS)
+            .where(_TASKS.c.job_id == job_id, _TASKS.c.instance_id.in_(instances))
+            .values({**dict(values), "version": _TASKS.c.version + bumps})
+        )
+
+
+@event.listens_for(Session, "do_orm_execute")
+def _before_statement(state: ORMExecuteState) -> None:
+    _write_tasks(state.session)
+
+
+@event.listens_for(Session, "before_commit")
+def _before_commit(session: Session) -> None:
+    _write_tasks(session)
+
+
+@event.listens_for(Session, "after_rollback")
+def _after_rollback(session: Session) -> None:
+    session.info.pop(_TASK_WRITES, None)
 
 
 def archive_attempt(session: Session, row: TaskRow) -> None:
