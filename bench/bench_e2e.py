@@ -238,9 +238,9 @@ def _check_history(engine: Engine, cfg: Settings, jobs: int) -> list[str]:
                 "WHERE instance_id IS NOT NULL GROUP BY from_state, to_state"
             )
         ).all()
-        job_states = dict(
-            conn.execute(text("SELECT state, count(*) FROM jobs GROUP BY state")).all()
-        )
+        job_states: dict[str, int] = {
+            s: n for s, n in conn.execute(text("SELECT state, count(*) FROM jobs GROUP BY state"))
+        }
     expected = len(PATH_TO_RUNNING) * cfg.tasks
     if per_task[0] != expected or per_task[1] != cfg.tasks:
         problems.append(
