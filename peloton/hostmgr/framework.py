@@ -23,6 +23,7 @@ from pymesos import MesosSchedulerDriver, Scheduler
 
 from peloton.errors import FailedPrecondition, NotFound, Unavailable
 from peloton.hostmgr import states as mesos_states
+from peloton.hostmgr.acks import Acknowledger
 from peloton.hostmgr.hosts import HostRegistry, HostState, HostStore
 from peloton.hostmgr.launch import LaunchTask, grace_policy, launch_group
 from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
@@ -127,6 +128,7 @@ class HostManager:
         self._where: dict[str, _Where] = {}
         self._offer_listeners: list[Callable[[], None]] = []
         self._pending: list[Mapping[str, Any]] = []
+        self._acks = Acknowledger()
         self._drain_queued = False
         metrics.watch(ClusterGauges(self.hosts.counts, self.hosts.capacity))
 
@@ -147,6 +149,7 @@ class HostManager:
             driver.join()
         if self._worker is not None:
             self._worker.join(timeout=10)
+        self._acks.close()
         self.metrics.connected.set(0)
 
     @property
@@ -508,9 +511,18 @@ class HostManager:
                 by_job.setdefault(planned.job_id, []).append(planned)
         for job_id, items in by_job.items():
             ack.extend(p.status for p in self._apply(job_id, items))
-        for status in ack:
-            if "uuid" in status:
-                self._call(lambda d, s=status: d.acknowledgeStatusUpdate(dict(s)))  # type: ignore[misc]
+        self._acknowledge(ack)
+
+    def _acknowledge(self, statuses: Sequence[Mapping[str, Any]]) -> None:
+        driver = self._driver
+        if driver is None or not self.connected or not statuses:
+            return
+        master, stream_id = driver.master, driver.stream_id
+        if not master or not stream_id:
+            return
+        credential = driver._basic_credential
+        headers = {"Authorization": credential} if credential else None
+        self._acks.send(master, stream_id, self.framework_id, statuses, headers)
 
     def _apply(self, job_id: str, items: list[_Planned]) -> list[_Planned]:
         """Write one job's updates; returns those that may be acknowledged (written, or found
