@@ -220,10 +220,16 @@ class HostRegistry:
 
     def capacity(self) -> dict[str, Resources]:
         """total, used and free of the hosts that are not DOWN."""
-        views = [v for v in self.list() if v.record.state != HostState.DOWN]
+        # The host manager asks after every step of its worker: no views, no sorting.
+        with self._lock:
+            hosts = [
+                (h.total, self._used(name))
+                for name, h in self._hosts.items()
+                if h.state != HostState.DOWN
+            ]
         total = used = ZERO
-        for v in views:
-            total, used = total + v.record.total, used + v.used
+        for host_total, host_used in hosts:
+            total, used = total + host_total, used + host_used
         return {"total": total, "used": used, "free": (total - used).clamp_min_zero()}
 
 

@@ -216,6 +216,11 @@ class JobManager:
             raise NotFound(f"job {job_id} not found")
         return job
 
+    def get_jobs(self, job_ids: Iterable[str]) -> list[JobRecord]:
+        """The jobs of ``job_ids`` that exist, in one read."""
+        with self._db.reading() as session:
+            return repo.get_jobs(session, job_ids)
+
     def list_jobs(
         self, flt: JobFilter, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[JobRecord], str]:
@@ -396,6 +401,12 @@ class JobManager:
         """The instance ids of a job's tasks in ``states``, ascending."""
         with self._db.reading() as session:
             return repo.instances_in(session, job_id, states, limit=specs.MAX_INSTANCES)
+
+    def attempts(self, job_id: str, states: Iterable[TaskState]) -> dict[int, int]:
+        """The current attempt number of each of a job's tasks in ``states``, by instance id
+        (empty for a job that does not exist)."""
+        with self._db.reading() as session:
+            return repo.attempts_in(session, job_id, states)
 
     def admit_pending(self, gangs: Sequence[tuple[str, int, str]]) -> list[tuple[int, ...]]:
         """Admit gangs, each ``(job_id, count, message)``: move the ``count`` lowest PENDING

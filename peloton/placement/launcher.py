@@ -253,8 +253,7 @@ class Launcher:
         return leases
 
     def _attempts(self, gang: Gang) -> dict[int, int]:
-        tasks, _ = self._jobs.list_tasks(gang.job_id, frozenset({TaskState.READY}), 10_000)
-        attempts = {t.instance_id: t.current.attempt for t in tasks}
+        attempts = self._jobs.attempts(gang.job_id, {TaskState.READY})
         missing = [i for i in gang.instances if i not in attempts]
         if missing:
             raise _NotPlaced(f"{len(missing)} tasks of the gang are no longer READY")

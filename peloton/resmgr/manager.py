@@ -55,6 +55,8 @@ HOLDING = frozenset(
         TaskState.KILLING,
     }
 )
+# Cycles triggered by changes start at least this far apart.
+MIN_CYCLE_GAP_SECONDS = 0.05
 # Holding, but already on the way out: freed soon, and not worth preempting.
 ENDING = frozenset({TaskState.PREEMPTING, TaskState.KILLING})
 
@@ -215,6 +217,11 @@ class ResourceManager:
             except Exception:  # keep scheduling; the next cycle re-reads everything it needs
                 log.exception("resource manager cycle failed")
                 time.sleep(self._cycle_seconds)
+            # Changes meanwhile wait for the next cycle: every status update marks its job
+            # changed, and cycling back to back under a stream of them would take the time the
+            # writes themselves need (a cycle costs the same for one changed job or many).
+            with self._wake:
+                self._wake.wait_for(lambda: self._stopping, MIN_CYCLE_GAP_SECONDS)
 
     def _expire_jobs(self) -> None:
         """Jobs past their max runtime are killed (checked once per cycle period: cycles
@@ -360,12 +367,11 @@ class ResourceManager:
     def _refresh_dirty(self) -> None:
         with self._wake:
             dirty, self._dirty = self._dirty, set()
-        fresh = []
-        for job_id in dirty:
-            try:
-                fresh.append(self._jobs.get_job(job_id))
-            except NotFound:
-                self._forget(job_id)
+        if not dirty:
+            return
+        fresh = self._jobs.get_jobs(dirty)
+        for job_id in dirty - {job.id for job in fresh}:
+            self._forget(job_id)  # deleted
         # Oldest first, so jobs first seen together still queue in submission order.
         for job in sorted(fresh, key=lambda j: (j.created_at, j.id)):
             self._refresh(job)
