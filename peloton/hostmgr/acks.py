@@ -15,7 +15,7 @@ import json
 import logging
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,8 @@ PATH = "/api/v1/scheduler"
 # socket buffers, or the master would block writing them while we block writing requests.
 WINDOW = 256
 TIMEOUT_SECONDS = 30.0
+# Bytes of answers held unparsed at most (a window of answers is a few tens of KiB).
+MAX_HEAD = 16 * 1024 * 1024
 
 
 class Acknowledger:
@@ -33,7 +35,7 @@ class Acknowledger:
         self._timeout = timeout
         self._address = ""
         self._sock: socket.socket | None = None
-        self._reader: BinaryIO | None = None
+        self._buffer = bytearray()  # received, not yet parsed
 
     def send(
         self,
@@ -70,7 +72,6 @@ class Acknowledger:
             host, port = master.rsplit(":", 1)
             self._sock = socket.create_connection((host, int(port)), timeout=self._timeout)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._reader = self._sock.makefile("rb")
             self._address = master
         head = (
             f"POST {PATH} HTTP/1.1\r\nHost: {master}\r\nContent-Type: application/json\r\n"
@@ -80,10 +81,9 @@ class Acknowledger:
         self._sock.sendall(
             b"".join(head + b"Content-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies)
         )
-        assert self._reader is not None
         accepted = 0
         for _ in bodies:
-            status, body, keep = _read_response(self._reader)
+            status, body, keep = self._response()
             if 200 <= status < 300:
                 accepted += 1
             else:
@@ -96,13 +96,35 @@ class Acknowledger:
                 break
         return accepted
 
+    def _response(self) -> tuple[int, bytes, bool]:
+        """(status, body, whether the connection stays open) of the next answer. Parsed from
+        the received bytes directly: answers come by the thousand, and a buffered reader's
+        line-by-line reading cost more than the rest of an acknowledgement."""
+        assert self._sock is not None
+        while (end := self._buffer.find(b"\r\n\r\n")) < 0:
+            self._receive()
+        status, length, keep = _parse_head(bytes(self._buffer[:end]))
+        start = end + 4
+        while len(self._buffer) < start + length:
+            self._receive()
+        body = bytes(self._buffer[start : start + length])
+        del self._buffer[: start + length]
+        return status, body, keep
+
+    def _receive(self) -> None:
+        assert self._sock is not None
+        data = self._sock.recv(65536)
+        if not data:
+            raise ValueError("the master closed the connection")
+        if len(self._buffer) + len(data) > MAX_HEAD:
+            raise ValueError("answer too large for an acknowledgement")
+        self._buffer += data
+
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
         if self._sock is not None:
             self._sock.close()
         self._sock = None
-        self._reader = None
+        self._buffer.clear()
 
 
 def _body(framework_id: str, status: Mapping[str, Any]) -> bytes:
@@ -119,20 +141,16 @@ def _body(framework_id: str, status: Mapping[str, Any]) -> bytes:
     ).encode()
 
 
-def _read_response(reader: BinaryIO) -> tuple[int, bytes, bool]:
-    """(status, body, whether the connection stays open) of one HTTP/1.1 response."""
-    line = reader.readline(65537)
-    parts = line.split(None, 2)
+def _parse_head(head: bytes) -> tuple[int, int, bool]:
+    """(status, content length, whether the connection stays open) of a response's head."""
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(None, 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
-        raise ValueError(f"not an HTTP response: {line[:80]!r}")
-    status = int(parts[1])
+        raise ValueError(f"not an HTTP response: {lines[0][:80]!r}")
     length = 0
     keep = parts[0] == b"HTTP/1.1"
-    while True:
-        header = reader.readline(65537)
-        if header in (b"\r\n", b"\n", b""):
-            break
-        name, _, value = header.partition(b":")
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
         name = name.strip().lower()
         if name == b"content-length":
             length = int(value)
@@ -140,5 +158,4 @@ def _read_response(reader: BinaryIO) -> tuple[int, bytes, bool]:
             keep = value.strip().lower() != b"close"
         elif name == b"transfer-encoding":
             raise ValueError("chunked answer to an acknowledgement")
-    body = reader.read(length) if length else b""
-    return status, body, keep
+    return int(parts[1]), length, keep

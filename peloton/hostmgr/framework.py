@@ -36,6 +36,8 @@ from peloton.resources import Resources
 log = logging.getLogger(__name__)
 
 _ALL_PORTS = ((1, 65535),)
+# ACCEPT filters: the rest of the offer comes back at the master's next allocation.
+_NO_REFUSE = {"refuse_seconds": 0.0}
 # A day: pymesos gives up reconnecting (and aborts the daemon) only after this long.
 _CONNECT_TIMEOUT = 24 * 3600.0
 
@@ -364,7 +366,7 @@ class HostManager:
             return False
 
     def _check_capacity(self) -> None:
-        total = self.hosts.capacity()["total"]
+        total = self.hosts.total()
         if total != self._capacity:
             self._capacity = total
             if self._on_capacity is not None:
@@ -439,7 +441,9 @@ class HostManager:
                 lease, self.framework_id, executor_id, self._executor_resources, tasks
             )
             offer_ids = [{"value": i} for i in lease.offer_ids]
-            if self._call(lambda d, o=offer_ids, op=op: d.acceptOffers(o, [op], {})):  # type: ignore[misc]
+            # What the share leaves of the host is what the next gangs need: have it offered
+            # again at the next allocation, not after the default 5 s refuse filter.
+            if self._call(lambda d, o=offer_ids, op=op: d.acceptOffers(o, [op], _NO_REFUSE)):  # type: ignore[misc]
                 self.metrics.tasks_launched.inc(len(tasks))
             else:
                 log.warning("ACCEPT failed", extra={"host": lease.hostname})

@@ -96,6 +96,7 @@ class HostRegistry:
         self._lock = threading.Lock()
         self._hosts: dict[str, HostRecord] = {h.hostname: h for h in store.load_hosts()}
         self._usage = _Usage()
+        self._total: Resources | None = None  # of the hosts not DOWN; None: to be summed
 
     # ------------------------------------------------------------------ what Mesos tells
 
@@ -133,6 +134,7 @@ class HostRegistry:
                     return None
                 new = replace(new, updated_at=self._clock())
             self._hosts[hostname] = new
+            self._total = None
         return new
 
     def save(self, records: Sequence[HostRecord]) -> None:
@@ -148,6 +150,7 @@ class HostRegistry:
                 return None
             new = replace(host, state=HostState.DOWN, updated_at=self._clock())
             self._hosts[host.hostname] = new
+            self._total = None
         self._store.save_hosts([new])
         return new
 
@@ -201,6 +204,7 @@ class HostRegistry:
             if new is not host:
                 new = replace(new, updated_at=self._clock())
                 self._hosts[hostname] = new
+                self._total = None
             view = HostView(new, self._used(hostname))
         if new is not host:
             self._store.save_hosts([new])
@@ -217,6 +221,15 @@ class HostRegistry:
             for h in self._hosts.values():
                 out[h.state.value] = out.get(h.state.value, 0) + 1
             return out
+
+    def total(self) -> Resources:
+        """What the hosts that are not DOWN have in all (summed again only after a change)."""
+        with self._lock:
+            if self._total is None:
+                self._total = sum(
+                    (h.total for h in self._hosts.values() if h.state != HostState.DOWN), ZERO
+                )
+            return self._total
 
     def capacity(self) -> dict[str, Resources]:
         """total, used and free of the hosts that are not DOWN."""

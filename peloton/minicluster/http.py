@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 SCHEDULER_PATHS = ("/api/v1/scheduler", "/master/api/v1/scheduler")
 # How often a stream writer looks for a peer that went away while nothing was to be written.
 _PEER_CHECK = 0.25
+# Request header limits (http.server's): longer lines or more headers are answered 431.
+_MAX_HEADER_LINE = 65536
+_MAX_HEADERS = 100
 # /files/read without a length: Mesos reads 16 pages.
 _DEFAULT_READ = 16 * 4096
 
@@ -242,12 +245,52 @@ class MasterServer(_Background):
         super().__init__((host, port), type("MasterHandler", (_MasterHandler,), {"master": master}))
 
 
+class _Headers(dict[str, str]):
+    """A request's headers by lower-case name."""
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return super().get(name.lower(), default)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "minicluster"
+    raw_requestline: bytes  # set by http.server before parse_request
+
+    def parse_request(self) -> bool:
+        """The request line and headers of a well-formed HTTP/1.x request, read into a plain
+        mapping: http.server's email parser cost most of a small call's time (a scheduler
+        acknowledges every status update). Anything unusual goes to http.server's parser."""
+        line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        words = line.split()
+        if len(words) != 3 or words[2] not in ("HTTP/1.0", "HTTP/1.1"):
+            return super().parse_request()
+        self.requestline = line
+        self.command, self.path, self.request_version = words
+        headers = _Headers()
+        while True:
+            raw = self.rfile.readline(_MAX_HEADER_LINE + 1)
+            if len(raw) > _MAX_HEADER_LINE or len(headers) > _MAX_HEADERS:
+                self.send_error(431, "Request header fields too large")
+                return False
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            name, sep, value = str(raw, "iso-8859-1").partition(":")
+            if not sep or not name or name[0] in " \t":
+                self.send_error(400, f"Bad header line {raw[:80]!r}")
+                return False
+            headers[name.strip().lower()] = value.strip()
+        self.headers = headers  # type: ignore[assignment]
+        connection = headers.get("Connection", "").lower()
+        self.close_connection = connection == "close" or (
+            self.request_version == "HTTP/1.0" and connection != "keep-alive"
+        )
+        if headers.get("Expect", "").lower() == "100-continue":
+            return self.handle_expect_100()
+        return True
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http %s", format % args)
+        log.debug("http " + format, *args)
 
     def _reply(
         self,

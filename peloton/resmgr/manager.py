@@ -15,6 +15,7 @@ Placement takes admitted gangs through :meth:`take_admitted` (the
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -56,7 +57,7 @@ HOLDING = frozenset(
     }
 )
 # Cycles triggered by changes start at least this far apart.
-MIN_CYCLE_GAP_SECONDS = 0.05
+MIN_CYCLE_GAP_SECONDS = 0.1
 # Holding, but already on the way out: freed soon, and not worth preempting.
 ENDING = frozenset({TaskState.PREEMPTING, TaskState.KILLING})
 
@@ -75,11 +76,12 @@ class JobView:
     admitted_at: float
     seq: int
 
-    @property
+    # A job's spec never changes: read once (every cycle asks for every job's).
+    @functools.cached_property
     def pool(self) -> str:
         return self.job.spec.pool
 
-    @property
+    @functools.cached_property
     def preemptible(self) -> bool:
         return self.job.spec.preemption.preemptible
 

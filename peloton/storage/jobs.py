@@ -538,11 +538,15 @@ def set_task(session: Session, row: TaskRow, **values: Any) -> None:
     and each state (on psycopg2, one round trip per row)."""
     pending: dict[tuple[str, int], _TaskWrite] = session.info.setdefault(_TASK_WRITES, {})
     write = pending.setdefault((row.job_id, row.instance_id), _TaskWrite())
-    write.values.update(values)
+    state = vars(row)
+    # A value the row already has needs no writing (a status update repeats the host), and
+    # leaving it out lets tasks that differ only there share a statement.
+    write.values.update(
+        (k, v) for k, v in values.items() if k in write.values or k not in state or state[k] != v
+    )
     write.bumps += 1
     # Straight into the loaded instance's state, as set_committed_value would put it (no
     # history: the ORM has nothing to flush) at a tenth of its cost; rows come loaded.
-    state = vars(row)
     state.update(values)
     state["version"] = row.version + 1
 
