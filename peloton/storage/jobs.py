@@ -31,6 +31,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import ORMExecuteState, Session
 
 from peloton.errors import InvalidArgument
@@ -80,13 +81,13 @@ def counts_to_json(counts: Mapping[TaskState, int]) -> str:
     return json.dumps({s.value: n for s, n in sorted(counts.items()) if n > 0})
 
 
-def counts_of(row: JobRow) -> dict[TaskState, int]:
+def counts_of(row: JobRow | Row[Any]) -> dict[TaskState, int]:
     """A job's materialized task-state counts."""
     return {TaskState(s): n for s, n in json.loads(row.task_counts).items()}
 
 
-def job_record(row: JobRow) -> JobRecord:
-    """The record of a job row (its task counts come from the row itself)."""
+def job_record(row: JobRow | Row[Any]) -> JobRecord:
+    """The record of a job row, mapped or plain (its task counts come from the row itself)."""
     return JobRecord(
         id=row.id,
         spec=spec_from_bytes(row.spec),
@@ -285,11 +286,14 @@ def get_job(session: Session, job_id: str) -> JobRecord | None:
 
 
 def get_jobs(session: Session, job_ids: Iterable[str]) -> list[JobRecord]:
+    """The records of the jobs of ``job_ids`` that exist. Plain rows, not ORM objects: the
+    resource manager re-reads every changed job each cycle, and loading them into the session
+    cost three times the query."""
     ids = sorted(set(job_ids))
     return [
         job_record(row)
         for i in range(0, len(ids), _IDS_PER_QUERY)
-        for row in session.scalars(select(JobRow).where(JobRow.id.in_(ids[i : i + _IDS_PER_QUERY])))
+        for row in session.execute(select(_JOBS).where(_JOBS.c.id.in_(ids[i : i + _IDS_PER_QUERY])))
     ]
 
 
