@@ -40,6 +40,8 @@ if TYPE_CHECKING:  # pymesos is imported only when a Mesos master is configured
 
 log = logging.getLogger(__name__)
 
+# Write transactions the launcher, and the host manager, run at once on PostgreSQL.
+CONCURRENT_WRITERS = 4
 SERVICE_NAMES = (
     job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
     pool_pb2.DESCRIPTOR.services_by_name["PoolService"].full_name,
@@ -156,12 +158,16 @@ class Server:
             lease_seconds=c.lease_seconds,
             reconcile_interval_seconds=c.reconcile_interval_seconds,
         )
+        # PostgreSQL takes writers of different jobs at once (their waits then overlap); SQLite
+        # has one writer at a time, and queued writers poll for the lock.
+        writers = 1 if db.dialect == "sqlite" else CONCURRENT_WRITERS
         self.hostmgr = HostManager(
             settings,
             jobs,
             store,
             HostmgrMetrics(self.metrics.registry),
             on_capacity=resmgr.set_capacity,
+            writers=writers,
         )
         self.hosts = self.hostmgr.hosts
         jobs.set_killer(self.hostmgr)

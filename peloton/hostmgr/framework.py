@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -102,7 +103,10 @@ class HostManager:
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         executor_resources: Resources | None = None,
+        writers: int = 1,
     ) -> None:
+        """``writers``: jobs whose status updates are written at once (more than one only
+        where the database takes concurrent writers)."""
         from peloton.placement.firstfit import EXECUTOR_RESOURCES
 
         self.settings = settings
@@ -131,6 +135,7 @@ class HostManager:
         self._offer_listeners: list[Callable[[], None]] = []
         self._pending: list[Mapping[str, Any]] = []
         self._acks = Acknowledger()
+        self._writers = ThreadPoolExecutor(writers, thread_name_prefix="hostmgr-write")
         self._drain_queued = False
         metrics.watch(ClusterGauges(self.hosts.counts, self.hosts.capacity))
 
@@ -152,6 +157,7 @@ class HostManager:
         if self._worker is not None:
             self._worker.join(timeout=10)
         self._acks.close()
+        self._writers.shutdown()
         self.metrics.connected.set(0)
 
     @property
@@ -513,8 +519,9 @@ class HostManager:
                 ack.append(status)
             else:
                 by_job.setdefault(planned.job_id, []).append(planned)
-        for job_id, items in by_job.items():
-            ack.extend(p.status for p in self._apply(job_id, items))
+        # Jobs are written independently (one transaction each), on the writers at once.
+        for written in self._writers.map(lambda job: self._apply(*job), by_job.items()):
+            ack.extend(p.status for p in written)
         self._acknowledge(ack)
 
     def _acknowledge(self, statuses: Sequence[Mapping[str, Any]]) -> None:
