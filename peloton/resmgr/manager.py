@@ -56,6 +56,10 @@ HOLDING = frozenset(
         TaskState.KILLING,
     }
 )
+# Gangs the background cycle admits at most: their writes are one transaction, under the lock
+# placement takes gangs with, so a burst of submissions is admitted in slices the launcher can
+# start on, not in one long transaction it waits behind.
+ADMISSIONS_PER_CYCLE = 32
 # Cycles triggered by changes start at least this far apart.
 MIN_CYCLE_GAP_SECONDS = 0.1
 # Holding, but already on the way out: freed soon, and not worth preempting.
@@ -161,6 +165,7 @@ class ResourceManager:
         # Changed jobs, told by the job manager; and gangs admitted but not yet placed.
         self._wake = threading.Condition()
         self._dirty: set[str] = set()
+        self._backlog = False  # the last cycle left admitted gangs for the next
         self._admitted: deque[Gang] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -209,13 +214,13 @@ class ResourceManager:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                if not self._dirty and not self._stopping:
+                if not self._dirty and not self._backlog and not self._stopping:
                     self._wake.wait(self._cycle_seconds)
                 if self._stopping:
                     return
             try:
                 self._expire_jobs()
-                self.run_cycle()
+                self.run_cycle(ADMISSIONS_PER_CYCLE)
             except Exception:  # keep scheduling; the next cycle re-reads everything it needs
                 log.exception("resource manager cycle failed")
                 time.sleep(self._cycle_seconds)
@@ -343,8 +348,11 @@ class ResourceManager:
 
     # ---------------------------------------------------------------- the cycle
 
-    def run_cycle(self) -> None:
-        """Re-read changed jobs, recompute entitlements, admit, fail, explain and preempt."""
+    def run_cycle(self, max_admissions: int | None = None) -> None:
+        """Re-read changed jobs, recompute entitlements, admit, fail, explain and preempt.
+
+        ``max_admissions``: write at most this many of the gangs admitted; the rest are
+        admitted by the next cycle, which then follows at once."""
         with self._lock:
             self._refresh_dirty()
             ents = self._compute()
@@ -356,7 +364,9 @@ class ResourceManager:
                 decision = self._admit_pool(pool, queues[pool], ents, usage, free)
                 decisions[pool] = decision
                 free = decision.cluster_free
-            self._admit([(pool, g) for pool, d in decisions.items() for g in d.admitted])
+            admitted = [(pool, g) for pool, d in decisions.items() for g in d.admitted]
+            self._admit(admitted[:max_admissions])
+            self._backlog = max_admissions is not None and len(admitted) > max_admissions
             usage = Usage.of(self._views.values())
             starved_now: set[str] = set()
             for pool, decision in decisions.items():
