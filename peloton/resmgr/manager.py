@@ -166,6 +166,8 @@ class ResourceManager:
         self._wake = threading.Condition()
         self._dirty: set[str] = set()
         self._backlog = False  # the last cycle left admitted gangs for the next
+        self._cycle_at = -math.inf  # when the last whole cycle ran, and with what capacity
+        self._cycle_capacity: Resources | None = None
         self._admitted: deque[Gang] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -220,7 +222,7 @@ class ResourceManager:
                     return
             try:
                 self._expire_jobs()
-                self.run_cycle(ADMISSIONS_PER_CYCLE)
+                self.run_cycle(ADMISSIONS_PER_CYCLE, when_changed=True)
             except Exception:  # keep scheduling; the next cycle re-reads everything it needs
                 log.exception("resource manager cycle failed")
                 time.sleep(self._cycle_seconds)
@@ -348,13 +350,26 @@ class ResourceManager:
 
     # ---------------------------------------------------------------- the cycle
 
-    def run_cycle(self, max_admissions: int | None = None) -> None:
+    def run_cycle(self, max_admissions: int | None = None, *, when_changed: bool = False) -> None:
         """Re-read changed jobs, recompute entitlements, admit, fail, explain and preempt.
 
         ``max_admissions``: write at most this many of the gangs admitted; the rest are
-        admitted by the next cycle, which then follows at once."""
+        admitted by the next cycle, which then follows at once. ``when_changed``: stop after
+        the re-read if no queue, allocation, goal or the capacity changed and the last whole
+        cycle is less than ``cycle_seconds`` old (it would decide the same: most changes are
+        tasks starting, which move nothing between queue and allocation)."""
         with self._lock:
-            self._refresh_dirty()
+            changed = self._refresh_dirty() or self._backlog
+            capacity = self._capacity
+            now = self._clock()
+            if (
+                when_changed
+                and not changed
+                and capacity == self._cycle_capacity
+                and now - self._cycle_at < self._cycle_seconds
+            ):
+                return
+            self._cycle_at, self._cycle_capacity = now, capacity
             ents = self._compute()
             usage = Usage.of(self._views.values())
             free = (self._capacity or ZERO) - usage.total()
@@ -376,22 +391,27 @@ class ResourceManager:
             # sum) and so the entitlements stay as computed.
             self._statuses = self._build_statuses(ents)
 
-    def _refresh_dirty(self) -> None:
+    def _refresh_dirty(self) -> bool:
+        """Re-read the changed jobs; whether anything a cycle decides on changed."""
         with self._wake:
             dirty, self._dirty = self._dirty, set()
         if not dirty:
-            return
+            return False
         fresh = self._jobs.get_jobs(dirty)
+        changed = False
         for job_id in dirty - {job.id for job in fresh}:
             self._forget(job_id)  # deleted
+            changed = True
         # Oldest first, so jobs first seen together still queue in submission order.
         for job in sorted(fresh, key=lambda j: (j.created_at, j.id)):
-            self._refresh(job)
+            changed = self._refresh(job) or changed
+        return changed
 
-    def _refresh(self, job: JobRecord) -> None:
+    def _refresh(self, job: JobRecord) -> bool:
+        """Update a job's view; whether its queue or allocation (or goal) changed."""
         if job.terminal:
             self._forget(job.id)
-            return
+            return True
         counts = job.task_counts
         pending = counts.get(TaskState.PENDING, 0)
         holding = sum(n for s, n in counts.items() if s in HOLDING)
@@ -412,10 +432,17 @@ class ResourceManager:
                 seq=self._seq,
             )
             self._views[job.id] = view
-            return
+            return True
+        changed = (pending, holding, ending, job.goal) != (
+            view.pending,
+            view.holding,
+            view.ending,
+            view.job.goal,
+        )
         if pending and not view.pending:
             view.pending_since = now  # a new wait begins (restart or preemption)
         view.job, view.pending, view.holding, view.ending = job, pending, holding, ending
+        return changed
 
     def _forget(self, job_id: str) -> None:
         self._views.pop(job_id, None)
