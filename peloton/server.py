@@ -172,7 +172,11 @@ class Server:
         self.hosts = self.hostmgr.hosts
         jobs.set_killer(self.hostmgr)
         self.launcher = Launcher(
-            resmgr, self.hostmgr, jobs, metrics=PlacementMetrics(self.metrics.registry)
+            resmgr,
+            self.hostmgr,
+            jobs,
+            metrics=PlacementMetrics(self.metrics.registry),
+            workers=writers,
         )
         self.hostmgr.add_offer_listener(self.launcher.wake)
         resmgr.add_admission_listener(self.launcher.wake)

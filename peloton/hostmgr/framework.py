@@ -31,7 +31,7 @@ from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
 from peloton.hostmgr.offers import HostOffers, Lease, Offer, OfferPool, parse_offer
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import TaskUpdate
-from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL
+from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
 from peloton.resources import Resources
 
 log = logging.getLogger(__name__)

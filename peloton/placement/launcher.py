@@ -21,6 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,12 +106,16 @@ class Launcher:
         interval: float = 1.0,
         *,
         metrics: PlacementMetrics | None = None,
+        workers: int = 1,
     ) -> None:
+        """``workers``: gangs recorded and launched at once (more than one only where the
+        database takes concurrent writers)."""
         self._source = source
         self._hosts = hosts
         self._jobs = jobs
         self._interval = interval
         self.metrics = metrics or PlacementMetrics()
+        self._workers = ThreadPoolExecutor(workers, thread_name_prefix="launch")
         # Gangs found to fit the cluster's hosts when empty; forgotten when the hosts change
         # (their count or total), so a gang is judged once per cluster shape.
         self._feasible: set[str] = set()
@@ -128,6 +133,7 @@ class Launcher:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._workers.shutdown()
 
     def wake(self) -> None:
         """Something changed (offers arrived, gangs admitted): run a round now."""
@@ -163,24 +169,38 @@ class Launcher:
         self.metrics.gpu_fragmentation.set(engine.gpu_fragmentation(offered, largest))
         snapshot = engine.Snapshot(offered)
         totals: Sequence[HostOffers] | None = None
+
+        def not_placed(gang: Gang, exc: _NotPlaced) -> None:
+            nonlocal totals
+            if exc.kind == NO_FIT:
+                totals = self._totals() if totals is None else totals
+                never = self._never_fits(gang, totals)
+                if never:
+                    self.metrics.failures.labels(INFEASIBLE).inc()
+                    self._fail(gang, never)
+                    return
+            self.metrics.failures.labels(exc.kind).inc()
+            self._source.return_admitted(gang, str(exc))
+
+        placed: list[tuple[Gang, Future[None]]] = []
         for gang in gangs:
             try:
-                used = self._place_and_launch(gang, snapshot)
-                launched += 1
-                snapshot.drop(used)
-                self._feasible.discard(gang.job_id)
-                if gang.admitted_at:
-                    self.metrics.gang_seconds.observe(max(0.0, time.time() - gang.admitted_at))
+                hosts, leases = self._place(gang, snapshot)
             except _NotPlaced as exc:
-                if exc.kind == NO_FIT:
-                    totals = self._totals() if totals is None else totals
-                    never = self._never_fits(gang, totals)
-                    if never:
-                        self.metrics.failures.labels(INFEASIBLE).inc()
-                        self._fail(gang, never)
-                        continue
-                self.metrics.failures.labels(exc.kind).inc()
-                self._source.return_admitted(gang, str(exc))
+                not_placed(gang, exc)
+                continue
+            # Leased hosts leave the snapshot at once, so the next gangs are placed while this
+            # one is recorded and launched on a worker: those are waits on the database and the
+            # master, which overlap.
+            snapshot.drop(set(leases))
+            placed.append((gang, self._workers.submit(self._launch, gang, hosts, leases)))
+        for gang, done in placed:
+            try:
+                done.result()
+                launched += 1
+                self._feasible.discard(gang.job_id)
+            except _NotPlaced as exc:
+                not_placed(gang, exc)
         self.metrics.rounds.inc()
         self.metrics.round_seconds.observe(time.perf_counter() - started)
         return launched
@@ -211,17 +231,20 @@ class Launcher:
         except PelotonError:
             log.exception("could not fail an unplaceable gang")
 
-    def _place_and_launch(self, gang: Gang, snapshot: engine.Snapshot) -> set[str]:
-        """Place, lease, record and launch one gang; returns the hosts it leased."""
+    def _place(self, gang: Gang, snapshot: engine.Snapshot) -> tuple[list[str], dict[str, Lease]]:
+        """Place every task of a gang and lease the hosts: (each task's host, the leases)."""
         placement = engine.place_on(gang, snapshot)
         if placement.hosts is None:
             raise _NotPlaced(placement.reason, NO_FIT)
-        leases = self._lease_all(sorted(set(placement.hosts)))
+        return list(placement.hosts), self._lease_all(sorted(set(placement.hosts)))
+
+    def _launch(self, gang: Gang, hosts: Sequence[str], leases: dict[str, Lease]) -> None:
+        """Record and launch a placed gang; on failure its leases are released."""
         attempts: dict[int, int] = {}
         try:
             attempts = self._attempts(gang)
-            shares = self._shares(gang, placement.hosts, leases, attempts)
-            self._record(gang, placement.hosts, attempts)
+            shares = self._shares(gang, hosts, leases, attempts)
+            self._record(gang, hosts, attempts)
         except (PelotonError, _NotPlaced) as exc:
             for lease in leases.values():
                 self._hosts.release(lease)
@@ -235,11 +258,12 @@ class Launcher:
                 self._hosts.release(lease)
             self._back_to_ready(gang, attempts, str(exc))
             raise _NotPlaced(f"launch failed: {exc}") from exc
+        if gang.admitted_at:
+            self.metrics.gang_seconds.observe(max(0.0, time.time() - gang.admitted_at))
         log.info(
             "gang launched",
             extra={"job_id": gang.job_id, "tasks": gang.size, "hosts": len(leases)},
         )
-        return set(leases)
 
     def _lease_all(self, hostnames: Sequence[str]) -> dict[str, Lease]:
         leases: dict[str, Lease] = {}

@@ -355,9 +355,9 @@ class ResourceManager:
 
         ``max_admissions``: write at most this many of the gangs admitted; the rest are
         admitted by the next cycle, which then follows at once. ``when_changed``: stop after
-        the re-read if no queue, allocation, goal or the capacity changed and the last whole
-        cycle is less than ``cycle_seconds`` old (it would decide the same: most changes are
-        tasks starting, which move nothing between queue and allocation)."""
+        the re-read if no queue, allocation, goal, backoff or the capacity changed and the last
+        whole cycle is less than ``cycle_seconds`` old (it would decide the same: most changes
+        are tasks starting, which move nothing between queue and allocation)."""
         with self._lock:
             changed = self._refresh_dirty() or self._backlog
             capacity = self._capacity
@@ -408,7 +408,7 @@ class ResourceManager:
         return changed
 
     def _refresh(self, job: JobRecord) -> bool:
-        """Update a job's view; whether its queue or allocation (or goal) changed."""
+        """Update a job's view; whether its queue, allocation, goal or backoff changed."""
         if job.terminal:
             self._forget(job.id)
             return True
@@ -433,11 +433,12 @@ class ResourceManager:
             )
             self._views[job.id] = view
             return True
-        changed = (pending, holding, ending, job.goal) != (
+        changed = (pending, holding, ending, job.goal, job.not_before) != (
             view.pending,
             view.holding,
             view.ending,
             view.job.goal,
+            view.job.not_before,
         )
         if pending and not view.pending:
             view.pending_since = now  # a new wait begins (restart or preemption)
