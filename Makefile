@@ -60,6 +60,8 @@ bench: $(STAMP)
 	$(PY) -m bench.bench_hostmgr
 	$(PY) -m bench.bench_placement
 	$(PY) -m bench.bench_allreduce
+	# End to end is minutes per full run (see BENCHMARKS.md); here a small run that must pass.
+	$(PY) -m bench.bench_e2e --check
 
 demo: $(STAMP)
 	$(PY) -m peloton.demo
