@@ -51,7 +51,7 @@ if mode == "discover":
 elif mode == "allreduce":
     import numpy as np
     import peloton.collective as pc
-    pc.init()
+    pc.init(timeout=20)
     total = pc.allreduce(np.full(4, rank + 1.0), op="sum")
     with open(os.path.join(out, f"{rank}.json"), "w") as f:
         json.dump({"total": total.tolist(), "size": pc.size(), "local": pc.local_size()}, f)
@@ -153,7 +153,9 @@ def test_every_task_knows_its_gang_and_can_listen_on_its_ports(
 def test_the_bundled_allreduce_boots_from_the_gang_environment(
     peloton: Peloton, tmp_path: Path, out: Path
 ) -> None:
-    job_id = peloton.submit(command(tmp_path, "allreduce", out), 4)
+    # No backoff: should another program on this machine hold an offered port, the gang fails
+    # to connect and restarts at once.
+    job_id = peloton.submit(command(tmp_path, "allreduce", out), 4, backoff_seconds=0)
     job = peloton.wait_done(job_id, timeout=90)
     assert job.state == job_pb2.JOB_STATE_SUCCEEDED, job
     for r in range(4):
