@@ -59,7 +59,8 @@ def shard(x: Array, y: Array, rank: int, size: int) -> tuple[Array, Array]:
     return x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]
 
 
-def _loss_and_grad(w: Array, x: Array, y: Array) -> tuple[float, Array]:
+def loss_and_grad(w: Array, x: Array, y: Array) -> tuple[float, Array]:
+    """Mean log loss of weights ``w`` (bias last) on (``x``, ``y``), and its gradient."""
     xb = np.hstack([x, np.ones((len(x), 1))])
     z = xb @ w
     p = 1.0 / (1.0 + np.exp(-z))
@@ -84,7 +85,7 @@ def train(
     w = np.zeros(x.shape[1] + 1)
     loss = 0.0
     for step in range(steps + 1):
-        local_loss, grad = _loss_and_grad(w, x, y)
+        local_loss, grad = loss_and_grad(w, x, y)
         # One allreduce per step carries the loss along with the gradient.
         combined = average(np.concatenate([[local_loss], grad]))
         loss = float(combined[0])

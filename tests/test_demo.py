@@ -1,12 +1,19 @@
-"""`make demo` runs the daemon on embedded SQLite, and the job outlives a daemon restart."""
+"""`make demo`: a 4-worker gang trains on a minicluster and ends with the one-process result, and
+the demo leaves nothing running."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
+import pytest
+
+from peloton import demo_train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +28,37 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
-def test_demo_job_survives_restart_and_leaves_nothing_running() -> None:
+def one_process() -> demo_train.Result:
+    x, y = demo_train.make_data()
+    return demo_train.train(x, y, lambda v: v)
+
+
+def test_training_converges_in_one_process() -> None:
+    x, y = demo_train.make_data()
+    losses: list[float] = []
+    result = demo_train.train(x, y, lambda v: v, on_step=lambda _s, loss, _l: losses.append(loss))
+    assert losses[0] == pytest.approx(np.log(2))  # zero weights: p = 1/2 everywhere
+    assert losses == sorted(losses, reverse=True)
+    assert result.loss == losses[-1] < 0.35
+    accuracy = np.mean(((np.hstack([x, np.ones((len(x), 1))]) @ result.weights) > 0) == (y > 0.5))
+    assert accuracy > 0.9
+
+
+def test_equal_shards_average_to_the_whole_gradient() -> None:
+    # Four "ranks" stepped in lockstep by hand: averaging their [loss, gradient] vectors is what
+    # allreduce(op="average") does, and must give the one-process run.
+    x, y = demo_train.make_data()
+    shards = [demo_train.shard(x, y, r, 4) for r in range(4)]
+    w = np.zeros(demo_train.FEATURES + 1)
+    for _ in range(demo_train.STEPS):
+        parts = [demo_train.loss_and_grad(w, xs, ys) for xs, ys in shards]
+        w = w - demo_train.LEARNING_RATE * np.mean([g for _, g in parts], axis=0)
+    np.testing.assert_allclose(w, one_process().weights, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="equal shards"):
+        demo_train.shard(x[:10], y[:10], 0, 4)
+
+
+def test_demo_trains_on_a_gang_and_leaves_nothing_running() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "peloton.demo"],
         cwd=ROOT,
@@ -33,11 +70,37 @@ def test_demo_job_survives_restart_and_leaves_nothing_running() -> None:
     created = re.search(r"job ([0-9a-f-]{36}) created", out.stdout)
     assert created is not None, out.stdout
     job_id = created.group(1)
-    # After the restart the same job is shown, and the same request id finds it again.
-    after_restart = out.stdout.split("Restart the daemon", 1)[1]
-    assert f"Job:       {job_id}" in after_restart
-    assert f"job {job_id} already exists (same request id)" in after_restart
-    assert f"job {job_id} KILLED" in out.stdout
-    pids = [int(p) for p in re.findall(r"daemon pid (\d+)", out.stdout)]
+    assert re.search(r"\] job SUCCEEDED\n", out.stdout), out.stdout
+    assert f"Job {job_id} SUCCEEDED: 4 workers" in out.stdout
+    # Every rank's progress was shown with where it ran; the gang spans both racks.
+    for rank in range(4):
+        assert re.search(rf"rank {rank} SUCCEEDED on gpu-r\d-1 \(rack r\d\): step 300", out.stdout)
+    assert "(rack r1)" in out.stdout and "(rack r2)" in out.stdout
+    # The commands it shows are the real CLI's output.
+    for shown in ("peloton pool tree", "peloton host list", "peloton task logs", "/metrics"):
+        assert shown in out.stdout
+    assert "gpu_model=A100,rack=r1" in out.stdout
+
+    # The 4-worker result is the one-process result on the same data.
+    expected = one_process()
+    for rank in range(4):
+        got = json.loads((ROOT / ".demo" / "out" / f"rank-{rank}.json").read_text())
+        assert (got["rank"], got["size"]) == (rank, 4)
+        np.testing.assert_allclose(got["weights"], expected.weights, rtol=1e-6, atol=1e-9)
+        assert got["loss"] == pytest.approx(expected.loss, rel=1e-9)
+
+    pids = [int(p) for p in re.findall(r"(?:daemon|minicluster) pid (\d+):", out.stdout)]
     assert len(pids) == 2
     assert not any(_alive(pid) for pid in pids)
+    # The workers ran as children of the minicluster, which kills them on stop; none remain.
+    assert not any(_alive(int(p)) for p in _worker_pids())
+
+
+def _worker_pids() -> list[str]:
+    found = subprocess.run(
+        ["pgrep", "-f", f"peloton.demo_train --out {ROOT / '.demo' / 'out'}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return found.stdout.split()
