@@ -284,4 +284,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        # main's finally has stopped the daemon and the cluster (and with it every task).
+        print("\ninterrupted; nothing is left running", flush=True)
+        sys.exit(130)

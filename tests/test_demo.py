@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,37 @@ def _worker_pids() -> list[str]:
         check=False,
     )
     return found.stdout.split()
+
+
+def test_ctrl_c_during_the_run_leaves_nothing_running() -> None:
+    # Its own session, so SIGINT to the group reaches the demo and its children as a terminal's
+    # Ctrl-C would.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "peloton.demo"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if re.match(r"job \S+ created", line):
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    output = "".join(lines) + rest
+    assert proc.returncode == 130, output
+    assert "interrupted; nothing is left running" in output
+    assert "Traceback" not in output
+    pids = [int(p) for p in re.findall(r"(?:daemon|minicluster) pid (\d+):", output)]
+    assert len(pids) == 2
+    assert not any(_alive(pid) for pid in pids)
+    assert not any(_alive(int(p)) for p in _worker_pids())
