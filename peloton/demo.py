@@ -1,7 +1,7 @@
 """``make demo``: a 4-worker gang trains a model with the bundled allreduce on a local cluster.
 
 Starts ``peloton minicluster up`` (2 agents x 2 GPUs on racks r1 and r2) and ``peloton server`` on
-embedded SQLite in ``.demo/``, creates a pool tree, submits a gang whose workers run
+embedded SQLite in ``.demo/`` (or ``--dir``), creates a pool tree, submits a gang whose workers run
 :mod:`peloton.demo_train`, and shows states, placement and each worker's loss until the job ends.
 Runs the real ``peloton`` commands (printed as it goes) and leaves nothing running, whatever
 happens (Ctrl-C included).
@@ -9,6 +9,7 @@ happens (Ctrl-C included).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -22,11 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from peloton.client import PelotonClient
+from peloton.minicluster import AgentSpec
 from peloton.v1 import job_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO_DIR = ROOT / ".demo"
-OUT_DIR = DEMO_DIR / "out"  # where each rank writes its final parameters
+DEFAULT_DIR = ROOT / ".demo"
 AGENTS_FILE = "examples/minicluster-agents.yaml"  # relative to ROOT, where the commands run
 POOLS = ("examples/pools/research.yaml", "examples/pools/vision.yaml")
 PELOTON = [sys.executable, "-m", "peloton.cli"]
@@ -69,12 +70,12 @@ def run(*args: str, env: dict[str, str]) -> str:
 
 
 class Child:
-    """A ``peloton`` subcommand running in the background, logging to ``.demo/NAME.log``."""
+    """A ``peloton`` subcommand running in the background, logging to ``LOG_DIR/NAME.log``."""
 
-    def __init__(self, name: str, args: Sequence[str], env: dict[str, str]) -> None:
+    def __init__(self, name: str, args: Sequence[str], env: dict[str, str], log_dir: Path) -> None:
         self.name = name
-        self.log = DEMO_DIR / f"{name}.log"
-        print(f"$ peloton {' '.join(args)} &   (log: {self.log.relative_to(ROOT)})", flush=True)
+        self.log = log_dir / f"{name}.log"
+        print(f"$ peloton {' '.join(args)} &   (log: {shown(self.log)})", flush=True)
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [*PELOTON, *args], env=env, stdout=log, stderr=log, cwd=ROOT
@@ -179,8 +180,6 @@ class Progress:
 
 
 def racks_of_agents() -> dict[str, str]:
-    from peloton.minicluster import AgentSpec
-
     racks = {}
     for spec in AgentSpec.load_file(ROOT / AGENTS_FILE):
         found = re.search(r"rack:([^;]+)", spec.attributes)
@@ -198,14 +197,25 @@ def show_metrics(port: int) -> None:
             print(line, flush=True)
 
 
-def final_losses() -> list[float]:
-    records = [json.loads((OUT_DIR / f"rank-{r}.json").read_text()) for r in range(WORKERS)]
+def shown(path: Path) -> str:
+    """``path`` as the commands, run in ROOT, take it: relative when inside ROOT."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def final_losses(out_dir: Path) -> list[float]:
+    records = [json.loads((out_dir / f"rank-{r}.json").read_text()) for r in range(WORKERS)]
     return [float(r["loss"]) for r in records]
 
 
-def main() -> None:
-    shutil.rmtree(DEMO_DIR, ignore_errors=True)
-    DEMO_DIR.mkdir()
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--dir", type=Path, default=DEFAULT_DIR, help="Where everything goes (emptied first)."
+    )
+    demo_dir = parser.parse_args(argv).dir.resolve()
+    out_dir = demo_dir / "out"  # where each rank writes its final parameters
+    shutil.rmtree(demo_dir, ignore_errors=True)
+    demo_dir.mkdir(parents=True)
     # The tasks get their own PELOTON_* from the scheduler; none of ours may leak into them.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PELOTON_")}
     env["PELOTON_LOG_FORMAT"] = "json"
@@ -216,21 +226,21 @@ def main() -> None:
         cluster = Child(
             "minicluster",
             ["minicluster", "up", "--port", "0", "--agents-file", AGENTS_FILE,
-             "--work-dir", str(DEMO_DIR / "cluster"), "--log-level", "warning"],
-            env,
+             "--work-dir", shown(demo_dir / "cluster"), "--log-level", "warning"],
+            env, demo_dir,
         )  # fmt: skip
         children.append(cluster)
         master = cluster.wait_for(re.compile(r"minicluster master at (\S+)"))
 
         say("2. Create the embedded SQLite database and start the daemon")
-        run("db", "upgrade", "--data-dir", DEMO_DIR.name, env=env)
-        port_file = DEMO_DIR / "ports"
+        run("db", "upgrade", "--data-dir", shown(demo_dir), env=env)
+        port_file = demo_dir / "ports"
         daemon = Child(
             "server",
-            ["server", "--data-dir", DEMO_DIR.name, "--grpc-port", "0", "--metrics-port", "0",
-             "--port-file", str(port_file), "--mesos-master", master,
+            ["server", "--data-dir", shown(demo_dir), "--grpc-port", "0", "--metrics-port", "0",
+             "--port-file", shown(port_file), "--mesos-master", master,
              "--offer-refuse-seconds", "1"],
-            env,
+            env, demo_dir,
         )  # fmt: skip
         children.append(daemon)
         grpc_port, metrics_port = daemon.wait_for(port_file).split()
@@ -244,10 +254,10 @@ def main() -> None:
         run("pool", "tree", env=env)
 
         say(f"4. Submit a {WORKERS}-worker gang that trains logistic regression with allreduce")
-        spec_file = DEMO_DIR / "train.yaml"
-        spec_file.write_text(JOB_SPEC.format(workers=WORKERS, python=sys.executable, out=OUT_DIR))
+        spec_file = demo_dir / "train.yaml"
+        spec_file.write_text(JOB_SPEC.format(workers=WORKERS, python=sys.executable, out=out_dir))
         print(spec_file.read_text().rstrip(), flush=True)
-        submitted = run("job", "submit", str(spec_file.relative_to(ROOT)), env=env)
+        submitted = run("job", "submit", shown(spec_file), env=env)
         job_id = submitted.split()[1]
 
         say("5. Watch it: job and task states, where each rank runs, each worker's loss")
@@ -267,15 +277,16 @@ def main() -> None:
     finally:
         for child in reversed(children):
             child.stop()
-    losses = final_losses()
+    losses = final_losses(out_dir)
+    where = shown(demo_dir)
     say("Done")
     print(
         f"Job {job_id} SUCCEEDED: {WORKERS} workers, final loss {losses[0]:.6f} (the ranks differ\n"
         f"by at most {max(losses) - min(losses):.1e}).\n"
-        "Final parameters of each rank: .demo/out/rank-N.json\n"
-        "Task sandboxes (stdout, stderr): .demo/cluster/\n"
-        "Logs of the daemon and the minicluster: .demo/server.log, .demo/minicluster.log\n"
-        "The database: .demo/peloton.db\n"
+        f"Final parameters of each rank: {where}/out/rank-N.json\n"
+        f"Task sandboxes (stdout, stderr): {where}/cluster/\n"
+        f"Logs of the daemon and the minicluster: {where}/server.log, {where}/minicluster.log\n"
+        f"The database: {where}/peloton.db\n"
         "With a daemon running, look around with: peloton pool tree, peloton host list,\n"
         "peloton job list, peloton task logs JOB_ID 0, and its metrics URL (default\n"
         "http://127.0.0.1:9392/metrics). Nothing is left running.",

@@ -59,9 +59,10 @@ def test_equal_shards_average_to_the_whole_gradient() -> None:
         demo_train.shard(x[:10], y[:10], 0, 4)
 
 
-def test_demo_trains_on_a_gang_and_leaves_nothing_running() -> None:
+def test_demo_trains_on_a_gang_and_leaves_nothing_running(tmp_path: Path) -> None:
+    demo_dir = tmp_path / "demo"
     out = subprocess.run(
-        [sys.executable, "-m", "peloton.demo"],
+        [sys.executable, "-m", "peloton.demo", "--dir", str(demo_dir)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -85,7 +86,7 @@ def test_demo_trains_on_a_gang_and_leaves_nothing_running() -> None:
     # The 4-worker result is the one-process result on the same data.
     expected = one_process()
     for rank in range(4):
-        got = json.loads((ROOT / ".demo" / "out" / f"rank-{rank}.json").read_text())
+        got = json.loads((demo_dir / "out" / f"rank-{rank}.json").read_text())
         assert (got["rank"], got["size"]) == (rank, 4)
         np.testing.assert_allclose(got["weights"], expected.weights, rtol=1e-6, atol=1e-9)
         assert got["loss"] == pytest.approx(expected.loss, rel=1e-9)
@@ -94,12 +95,12 @@ def test_demo_trains_on_a_gang_and_leaves_nothing_running() -> None:
     assert len(pids) == 2
     assert not any(_alive(pid) for pid in pids)
     # The workers ran as children of the minicluster, which kills them on stop; none remain.
-    assert not any(_alive(int(p)) for p in _worker_pids())
+    assert not any(_alive(int(p)) for p in _worker_pids(demo_dir))
 
 
-def _worker_pids() -> list[str]:
+def _worker_pids(demo_dir: Path) -> list[str]:
     found = subprocess.run(
-        ["pgrep", "-f", f"peloton.demo_train --out {ROOT / '.demo' / 'out'}"],
+        ["pgrep", "-f", f"peloton.demo_train --out {demo_dir / 'out'}"],
         capture_output=True,
         text=True,
         check=False,
@@ -107,11 +108,11 @@ def _worker_pids() -> list[str]:
     return found.stdout.split()
 
 
-def test_ctrl_c_during_the_run_leaves_nothing_running() -> None:
+def test_ctrl_c_during_the_run_leaves_nothing_running(tmp_path: Path) -> None:
     # Its own session, so SIGINT to the group reaches the demo and its children as a terminal's
     # Ctrl-C would.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "peloton.demo"],
+        [sys.executable, "-m", "peloton.demo", "--dir", str(tmp_path / "demo")],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -138,4 +139,4 @@ def test_ctrl_c_during_the_run_leaves_nothing_running() -> None:
     pids = [int(p) for p in re.findall(r"(?:daemon|minicluster) pid (\d+):", output)]
     assert len(pids) == 2
     assert not any(_alive(pid) for pid in pids)
-    assert not any(_alive(int(p)) for p in _worker_pids())
+    assert not any(_alive(int(p)) for p in _worker_pids(tmp_path / "demo"))
