@@ -70,7 +70,7 @@ def run(*args: str, env: dict[str, str]) -> str:
 
 
 class Child:
-    """A ``peloton`` subcommand running in the background, logging to ``LOG_DIR/NAME.log``."""
+    """A ``peloton`` subcommand running in the background, logging to ``log_dir/NAME.log``."""
 
     def __init__(self, name: str, args: Sequence[str], env: dict[str, str], log_dir: Path) -> None:
         self.name = name
@@ -82,11 +82,12 @@ class Child:
             )
 
     def wait_for(self, ready: Path | re.Pattern[str]) -> str:
-        """Poll until ``ready`` (a file, or a pattern in the log) appears; returns its text."""
+        """Poll until ``ready`` (a file, written atomically, or a pattern in the log) appears;
+        returns the file's text or the pattern's group."""
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if isinstance(ready, Path):
-                if ready.exists() and ready.read_text().strip():
+                if ready.exists():
                     return ready.read_text()
             else:
                 found = ready.search(self.log.read_text(errors="replace"))
@@ -119,8 +120,9 @@ class Progress:
         self.client = client
         self.job_id = job_id
         self.racks = racks
-        self.offsets: dict[int, int] = {}
-        self.partial: dict[int, bytes] = {}
+        # By (instance, attempt): how much of its stdout was read, and its unfinished last line.
+        self.offsets: dict[tuple[int, int], int] = {}
+        self.partial: dict[tuple[int, int], bytes] = {}
         self.loss: dict[int, tuple[int, str, str]] = {}
         self.last = ""
         self.start = time.monotonic()
@@ -130,13 +132,15 @@ class Progress:
             if not t.current.host:
                 continue
             i = t.instance_id
-            piece = self.client.get_task_logs(self.job_id, i, offset=self.offsets.get(i, 0))
+            # A restarted gang's tasks log afresh, in a new attempt's sandbox.
+            run = (i, t.current.attempt)
+            piece = self.client.get_task_logs(self.job_id, i, offset=self.offsets.get(run, 0))
             if not piece.data:
                 continue
-            self.offsets[i] = piece.offset + len(piece.data)
-            text = self.partial.get(i, b"") + piece.data
+            self.offsets[run] = piece.offset + len(piece.data)
+            text = self.partial.get(run, b"") + piece.data
             lines = text.split(b"\n")
-            self.partial[i] = lines.pop()  # an unfinished last line waits for the next read
+            self.partial[run] = lines.pop()  # an unfinished last line waits for the next read
             for line in lines:
                 found = LOSS_RE.search(line)
                 if found:
