@@ -31,12 +31,13 @@ from peloton.gang import Gang
 from peloton.hostmgr.framework import HostManager, MesosSettings
 from peloton.hostmgr.metrics import HostmgrMetrics
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import TaskUpdate, attempt_id
+from peloton.jobmgr.records import JobRecord, TaskUpdate, attempt_id
 from peloton.jobmgr.states import JobState, TaskState
 from peloton.placement.launcher import Launcher
 from peloton.placement.metrics import PlacementMetrics
 from peloton.storage.db import Database
 from peloton.storage.hosts import SqlHostStore
+from peloton.v1 import job_pb2
 
 _CLOSE = object()
 
@@ -207,6 +208,17 @@ def hostmgr(master: ScriptedMaster, db: Database, jobs: JobManager) -> Iterator[
     hm.stop()
 
 
+def admitted_gang(
+    master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager, spec: job_pb2.JobSpec
+) -> tuple[JobRecord, Gang]:
+    """Subscribed to the scripted master, a job of ``spec`` created and admitted whole."""
+    master.subscribed("fw-1")
+    assert hostmgr.wait_connected(10)
+    job, _ = jobs.create_job(spec)
+    instances = jobs.admit_pending([(job.id, spec.instances, "test")])[0]
+    return job, Gang.of_job(job.id, job.spec, instances, datetime.now(UTC))
+
+
 def test_subscribe_declares_capabilities_role_and_failover_and_saves_the_id(
     master: ScriptedMaster, hostmgr: HostManager, db: Database
 ) -> None:
@@ -250,11 +262,7 @@ def test_idle_offers_are_declined_with_a_filter_and_offers_suppressed_then_reviv
 def test_a_gang_is_launched_as_one_group_and_updates_are_persisted_then_acked(
     master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager
 ) -> None:
-    master.subscribed("fw-1")
-    assert hostmgr.wait_connected(10)
-    job, _ = jobs.create_job(make_spec(3, gpu=1))
-    instances = jobs.admit_pending([(job.id, 3, "test")])[0]
-    gang = Gang.of_job(job.id, job.spec, instances, datetime.now(UTC))
+    job, gang = admitted_gang(master, hostmgr, jobs, make_spec(3, gpu=1))
     source = ListSource([gang])
     launcher = Launcher(source, hostmgr, jobs)
     master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1", "a1", "h1", gpus=2)]}})
@@ -341,12 +349,7 @@ def test_a_restarted_framework_reuses_the_saved_id(
 def test_a_failed_task_takes_its_gang_down_on_every_host(
     master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager
 ) -> None:
-    master.subscribed("fw-1")
-    assert hostmgr.wait_connected(10)
-    job, _ = jobs.create_job(make_spec(2, gpu=4, max_failures=0))
-    gang = Gang.of_job(
-        job.id, job.spec, jobs.admit_pending([(job.id, 2, "t")])[0], datetime.now(UTC)
-    )
+    job, gang = admitted_gang(master, hostmgr, jobs, make_spec(2, gpu=4, max_failures=0))
     master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1", "a1", "h1")]}})
     master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o2", "a2", "h2")]}})
     wait_for(lambda: len(hostmgr.snapshot()) == 2, 10, "two offered hosts")
@@ -408,12 +411,7 @@ def test_a_draining_host_gets_no_placements(master: ScriptedMaster, hostmgr: Hos
 def test_an_unplaceable_gang_goes_back_with_a_reason_and_stays_ready(
     master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager
 ) -> None:
-    master.subscribed("fw-1")
-    assert hostmgr.wait_connected(10)
-    job, _ = jobs.create_job(make_spec(3, gpu=4))
-    gang = Gang.of_job(
-        job.id, job.spec, jobs.admit_pending([(job.id, 3, "t")])[0], datetime.now(UTC)
-    )
+    job, gang = admitted_gang(master, hostmgr, jobs, make_spec(3, gpu=4))
     # Three 4-GPU hosts are known, but two of them take back their offers: the gang fits the
     # cluster, just not now.
     for i in (1, 2, 3):
@@ -436,12 +434,7 @@ def test_an_unplaceable_gang_goes_back_with_a_reason_and_stays_ready(
 def test_a_gang_no_hosts_could_ever_hold_fails_with_the_reason(
     master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager
 ) -> None:
-    master.subscribed("fw-1")
-    assert hostmgr.wait_connected(10)
-    job, _ = jobs.create_job(make_spec(3, gpu=4))
-    gang = Gang.of_job(
-        job.id, job.spec, jobs.admit_pending([(job.id, 3, "t")])[0], datetime.now(UTC)
-    )
+    job, gang = admitted_gang(master, hostmgr, jobs, make_spec(3, gpu=4))
     master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1", "a1", "h1")]}})
     wait_for(lambda: len(hostmgr.snapshot()) == 1, 10, "an offered host")
     source = ListSource([gang])
