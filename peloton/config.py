@@ -46,6 +46,9 @@ class ServerConfig:
     # Mesos master: host:port or zk://host:port,.../mesos. Empty: no Mesos (nothing launches).
     mesos_master: str = ""
     mesos_role: str = "*"
+    # FrameworkInfo.user: agents (--switch_user, their default) run tasks as this user, who must
+    # exist on every agent. Empty: the user the daemon runs as.
+    mesos_user: str = ""
     mesos_principal: str = ""
     framework_name: str = "peloton"
     # Mesos keeps the tasks this long for a restarted daemon to take over (failover).

@@ -152,6 +152,7 @@ class Server:
             framework_name=c.framework_name,
             role=c.mesos_role,
             principal=c.mesos_principal,
+            user=c.mesos_user,
             failover_timeout_seconds=c.failover_timeout_seconds,
             offer_hold_seconds=c.offer_hold_seconds,
             refuse_seconds=c.offer_refuse_seconds,

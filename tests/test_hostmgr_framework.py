@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import pwd
 import queue
 import threading
 import uuid
@@ -228,12 +230,27 @@ def test_subscribe_declares_capabilities_role_and_failover_and_saves_the_id(
     assert {"GPU_RESOURCES", "PARTITION_AWARE"} <= caps
     assert info["roles"] == ["gpu"] and info["name"] == "peloton-test"
     assert info["failover_timeout"] > 0 and info["checkpoint"] is True
+    # Agents fail every executor of an empty user: the daemon's own is the default.
+    assert info["user"] == pwd.getpwuid(os.getuid()).pw_name
     assert "framework_id" not in sub
     master.subscribed("fw-1")
     assert hostmgr.wait_connected(10)
     assert SqlHostStore(db).load_framework_id("peloton-test") == "fw-1"
     # Reconciliation on subscription: explicit (nothing active here) then implicit.
     master.wait_call("RECONCILE", lambda c: c["reconcile"]["tasks"] == [])
+
+
+def test_the_framework_user_is_configurable(
+    master: ScriptedMaster, db: Database, jobs: JobManager
+) -> None:
+    settings = MesosSettings(master=master.address, user="trainer")
+    hm = HostManager(settings, jobs, SqlHostStore(db), HostmgrMetrics(CollectorRegistry()))
+    hm.start()
+    try:
+        sub = wait_for(lambda: master.subscribes or None, 10, "SUBSCRIBE")[0]
+        assert sub["subscribe"]["framework_info"]["user"] == "trainer"
+    finally:
+        hm.stop()
 
 
 def test_idle_offers_are_declined_with_a_filter_and_offers_suppressed_then_revived(

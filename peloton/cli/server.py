@@ -131,6 +131,12 @@ def database_options(f: F) -> F:
 )
 @click.option("--mesos-principal", default="", envvar="PELOTON_MESOS_PRINCIPAL")
 @click.option(
+    "--mesos-user",
+    default=_DEFAULTS.mesos_user,
+    envvar="PELOTON_MESOS_USER",
+    help="User the agents run tasks as (it must exist on every agent) [default: the daemon's].",
+)
+@click.option(
     "--framework-name",
     default=_DEFAULTS.framework_name,
     envvar="PELOTON_FRAMEWORK_NAME",

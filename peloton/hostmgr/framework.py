@@ -11,6 +11,8 @@ revive, reconciliation, lease expiry and the heartbeat watchdog.
 from __future__ import annotations
 
 import logging
+import os
+import pwd
 import queue
 import threading
 import time
@@ -51,6 +53,9 @@ class MesosSettings:
     framework_name: str = "peloton"
     role: str = "*"
     principal: str = ""
+    # FrameworkInfo.user; empty: the daemon's. Mesos's own drivers fill in the current user, the
+    # v1 API does not, and agents (--switch_user) fail every executor of a user that is empty.
+    user: str = ""
     failover_timeout_seconds: float = 7 * 24 * 3600.0
     # Offers are held this long while something waits for placement, then declined.
     offer_hold_seconds: float = 30.0
@@ -61,6 +66,15 @@ class MesosSettings:
     reconcile_interval_seconds: float = 300.0
     # Heartbeats missing for this many intervals mean the connection is dead: reconnect.
     missed_heartbeats: int = 5
+
+
+def current_user() -> str:
+    """The name of the user this process runs as (its uid where it has no name)."""
+    uid = os.getuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def parse_attempt_id(task_id: str) -> tuple[str, int, int] | None:
@@ -170,7 +184,7 @@ class HostManager:
     def _framework_info(self) -> dict[str, Any]:
         s = self.settings
         info: dict[str, Any] = {
-            "user": "",
+            "user": s.user or current_user(),
             "name": s.framework_name,
             "roles": [s.role],
             "failover_timeout": s.failover_timeout_seconds,
