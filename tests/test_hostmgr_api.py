@@ -50,10 +50,32 @@ def test_hosts_list_get_drain_undrain(server: Server, stub: host_pb2_grpc.HostSe
         "A100",
     )
     assert stub.DrainHost(host_pb2.DrainHostRequest(hostname="h1")).host.state == "DRAINING"
-    assert server.hosts.draining() == {"h1"}
+    assert server.hosts.draining() == {"a1"}
     listed = stub.ListHosts(host_pb2.ListHostsRequest(states=["DRAINING"])).hosts
     assert [h.hostname for h in listed] == ["h1"]
     assert stub.UndrainHost(host_pb2.UndrainHostRequest(hostname="h1")).host.state == "UP"
+
+
+def test_agents_that_share_a_hostname_are_named_by_agent_id(
+    server: Server, stub: host_pb2_grpc.HostServiceStub
+) -> None:
+    assert server.hosts is not None
+    for agent in ("a1", "a2"):
+        server.hosts.observe("node-a", agent, HOST, {"rack": "r1"}, "127.0.0.1:5051")
+    hosts = stub.ListHosts(host_pb2.ListHostsRequest()).hosts
+    assert [(h.hostname, h.agent_id) for h in hosts] == [("node-a", "a1"), ("node-a", "a2")]
+    e = error(lambda: stub.DrainHost(host_pb2.DrainHostRequest(hostname="node-a")))
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "node-a names 2 agents (a1, a2)" in str(e.details())
+    assert stub.DrainHost(host_pb2.DrainHostRequest(hostname="a2")).host.state == "DRAINING"
+    assert stub.GetHost(host_pb2.GetHostRequest(hostname="a1")).host.state == "UP"
+    at = address(server.grpc_port)
+    table = run_peloton("host", "list", server=at)
+    assert table.returncode == 0, table.stderr
+    assert "a1" in table.stdout and "a2" in table.stdout
+    ambiguous = run_peloton("host", "get", "node-a", server=at)
+    assert ambiguous.returncode != 0
+    assert "give its agent id" in error_line(ambiguous)
 
 
 def test_bad_requests_name_the_field(stub: host_pb2_grpc.HostServiceStub) -> None:

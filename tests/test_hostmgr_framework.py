@@ -240,6 +240,29 @@ def test_subscribe_declares_capabilities_role_and_failover_and_saves_the_id(
     master.wait_call("RECONCILE", lambda c: c["reconcile"]["tasks"] == [])
 
 
+def test_offers_are_declined_never_dropped_malformed_and_shared_hostname_ones_too(
+    master: ScriptedMaster, hostmgr: HostManager
+) -> None:
+    master.subscribed("fw-1")
+    assert hostmgr.wait_connected(10)
+    hostmgr.set_demand(False)
+    broken = raw_offer("o3", "a3")
+    del broken["agent_id"]
+    offers = [raw_offer("o1", "a1", "node-a"), raw_offer("o2", "a2", "node-a"), broken]
+    master.send({"type": "OFFERS", "offers": {"offers": offers}})
+
+    def declined() -> set[str] | None:
+        ids = {i["value"] for c in master.calls_of("DECLINE") for i in c["decline"]["offer_ids"]}
+        return ids if ids == {"o1", "o2", "o3"} else None
+
+    wait_for(declined, 10, "DECLINE of o1, o2 (one hostname, two agents) and malformed o3")
+    assert [(v.record.hostname, v.record.agent_id) for v in hostmgr.hosts.list()] == [
+        ("node-a", "a1"),
+        ("node-a", "a2"),
+    ]
+    assert hostmgr.hosts.capacity()["total"].gpu == 8
+
+
 def test_the_framework_user_is_configurable(
     master: ScriptedMaster, db: Database, jobs: JobManager
 ) -> None:
@@ -268,6 +291,7 @@ def test_idle_offers_are_declined_with_a_filter_and_offers_suppressed_then_reviv
     metric = hostmgr.metrics.registry.get_sample_value
     assert metric("peloton_mesos_connected") == 1
     assert metric("peloton_offers_received_total") == 1
+    assert metric("peloton_offers_declined_total") == 1
     assert metric("peloton_offers_held") == 0
     assert metric("peloton_hosts", {"state": "UP"}) == 1
     assert metric("peloton_cluster_resources", {"kind": "gpu", "state": "total"}) == 4

@@ -57,7 +57,9 @@ def test_parse_offer_reads_resources_ports_attributes_and_agent_address() -> Non
     assert o.ports == ((31000, 31004),)
     assert o.attributes == {"rack": "r1", "gpu_model": "A100", "slots": "2"}
     assert (o.agent_id, o.hostname, o.agent_address) == ("a1", "h1", "127.0.0.1:5051")
-    assert o.allocation_info == {"role": "*"}
+    # The entries as offered, with the offer's allocation_info (needed to launch on them).
+    assert [r["name"] for r in o.entries] == ["cpus", "mem", "disk", "gpus", "ports"]
+    assert all(r["allocation_info"] == {"role": "*"} for r in o.entries)
     assert o.received_at == 5.0
 
 
@@ -79,9 +81,9 @@ def test_a_leased_host_leaves_snapshots_and_cannot_be_leased_twice() -> None:
     pool.add([offer("o1", "h1"), offer("o2", "h1"), offer("o3", "h2")])
     assert [h.hostname for h in pool.snapshot()] == ["h1", "h2"]
     assert pool.snapshot()[0].free.cpu == 16
-    lease = pool.lease("h1", now=0)
+    lease = pool.lease("agent-h1", now=0)
     assert lease is not None and set(lease.offer_ids) == {"o1", "o2"}
-    assert pool.lease("h1", now=0) is None
+    assert pool.lease("agent-h1", now=0) is None
     assert [h.hostname for h in pool.snapshot()] == ["h2"]
     pool.release(lease)
     assert [h.hostname for h in pool.snapshot()] == ["h1", "h2"]
@@ -90,10 +92,10 @@ def test_a_leased_host_leaves_snapshots_and_cannot_be_leased_twice() -> None:
 def test_launch_consumes_all_leases_or_none() -> None:
     pool = OfferPool(lease_seconds=10)
     pool.add([offer("o1", "h1"), offer("o2", "h2")])
-    a, b = pool.lease("h1", 0), pool.lease("h2", 0)
+    a, b = pool.lease("agent-h1", 0), pool.lease("agent-h2", 0)
     assert a is not None and b is not None
     pool.rescind("o2")
-    with pytest.raises(LeaseError, match="h2 lost an offer"):
+    with pytest.raises(LeaseError, match=r"h2 \(agent-h2\) lost an offer"):
         pool.take_for_launch([a, b], now=1)
     assert pool.held() == 1  # o1 is still there, still leased
     pool.take_for_launch([a], now=1)
@@ -105,19 +107,19 @@ def test_launch_consumes_all_leases_or_none() -> None:
 def test_leases_expire_and_free_their_host() -> None:
     pool = OfferPool(lease_seconds=10)
     pool.add([offer("o1")])
-    lease = pool.lease("h1", now=0)
+    lease = pool.lease("agent-h1", now=0)
     assert lease is not None
     assert pool.expire(now=9.9) == []
     with pytest.raises(LeaseError, match="expired"):
         pool.take_for_launch([lease], now=10)
     assert pool.expire(now=10) == [lease]
-    assert pool.lease("h1", now=11) is not None
+    assert pool.lease("agent-h1", now=11) is not None
 
 
 def test_stale_offers_are_taken_for_decline_but_leased_ones_stay() -> None:
     pool = OfferPool()
     pool.add([offer("o1", "h1", at=0), offer("o2", "h2", at=0), offer("o3", "h3", at=50)])
-    assert pool.lease("h2", now=1) is not None
+    assert pool.lease("agent-h2", now=1) is not None
     stale = pool.take_unleased(older_than=30, now=60)
     assert [o.offer_id for o in stale] == ["o1"]
     assert pool.held() == 2
@@ -126,7 +128,7 @@ def test_stale_offers_are_taken_for_decline_but_leased_ones_stay() -> None:
 def test_a_lost_agent_spoils_its_lease() -> None:
     pool = OfferPool()
     pool.add([offer("o1", "h1")])
-    lease = pool.lease("h1", 0)
+    lease = pool.lease("agent-h1", 0)
     assert lease is not None
     assert pool.remove_agent("agent-h1") == ["o1"]
     with pytest.raises(LeaseError):
@@ -144,6 +146,7 @@ ops = st.lists(
         st.tuples(st.just("rescind"), st.integers(0, 30)),
         st.tuples(st.just("expire"), st.integers(0, 3)),
         st.tuples(st.just("lose"), st.integers(0, 3)),
+        st.tuples(st.just("decline"), st.integers(0, 10)),
     ),
     max_size=60,
 )
@@ -151,21 +154,31 @@ ops = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(ops)
-def test_no_offer_is_ever_launched_twice_or_leased_twice(steps: list[tuple[str, int]]) -> None:
+def test_no_offer_is_ever_launched_twice_leased_twice_or_dropped(
+    steps: list[tuple[str, int]],
+) -> None:
     pool = OfferPool(lease_seconds=5)
     now = 0.0
     next_id = 0
     leases: list[Lease] = []
     launched: set[str] = set()
+    # Where every offer went: each one the pool is given is held, launched, taken to be
+    # declined, rescinded or lost with its agent -- never silently dropped (an offer nobody
+    # declines stays outstanding at the master, its resources locked away).
+    added: set[str] = set()
+    gone: set[str] = set()
     for op, arg in steps:
         now += 1
-        host = f"h{arg % 4}"
+        # Four agents on two hostnames: agents that share a hostname are distinct hosts.
+        agent, hostname = f"agent-{arg % 4}", f"h{arg % 2}"
         if op == "add":
-            pool.add([offer(f"o{next_id}", host, at=now)])
+            pool.add([parse_offer(raw_offer(f"o{next_id}", agent, hostname), now)])
+            added.add(f"o{next_id}")
             next_id += 1
         elif op == "lease":
-            got = pool.lease(host, now)
+            got = pool.lease(agent, now)
             if got is not None:
+                assert got.agent_id == agent and got.hostname == hostname
                 leases.append(got)
         elif op == "release" and leases:
             pool.release(leases[arg % len(leases)])
@@ -178,14 +191,42 @@ def test_no_offer_is_ever_launched_twice_or_leased_twice(steps: list[tuple[str, 
             assert not launched & set(lease.offer_ids), "an offer was launched twice"
             launched |= set(lease.offer_ids)
         elif op == "rescind":
-            pool.rescind(f"o{arg}")
+            if pool.rescind(f"o{arg}"):
+                gone.add(f"o{arg}")
         elif op == "expire":
             now += arg * 3
             pool.expire(now)
         elif op == "lose":
-            pool.remove_agent(f"agent-{host}")
+            gone |= set(pool.remove_agent(agent))
+        elif op == "decline":
+            gone |= {o.offer_id for o in pool.take_unleased(older_than=arg, now=now)}
         # Invariants: snapshots never show leased hosts or launched offers; one live lease per
         # host at most.
         leased = pool.leased_hosts()
-        assert not leased & {h.hostname for h in pool.snapshot()}
-        assert pool.held() >= 0
+        assert not leased & {h.agent_id for h in pool.snapshot()}
+        assert len({h.agent_id for h in pool.snapshot()}) == len(pool.snapshot())
+    gone |= {o.offer_id for o in pool.take_unleased()}
+    for lease in leases:
+        pool.release(lease)
+    gone |= {o.offer_id for o in pool.take_unleased()}
+    assert pool.held() == 0
+    assert added == launched | gone
+
+
+def test_agents_that_share_a_hostname_are_hosts_of_their_own() -> None:
+    pool = OfferPool()
+    pool.add(
+        [
+            parse_offer(raw_offer("o1", "a1", "node-a"), 0),
+            parse_offer(raw_offer("o2", "a2", "node-a"), 0),
+        ]
+    )
+    snap = pool.snapshot()
+    assert [(h.hostname, h.agent_id, h.free.gpu) for h in snap] == [
+        ("node-a", "a1", 4),
+        ("node-a", "a2", 4),
+    ]
+    first, second = pool.lease("a1", 0), pool.lease("a2", 0)
+    assert first is not None and second is not None
+    assert (first.offer_ids, second.offer_ids) == (("o1",), ("o2",))
+    assert pool.held() == 2

@@ -34,10 +34,10 @@ def test_hosts_survive_a_restart_with_totals_and_drain_state(db: Database) -> No
     assert record is not None
     registry.save([record])
     assert registry.observe("h1", "a1", HOST.scale(0.5), {"rack": "r1"}, "127.0.0.1:5051") is None
-    registry.use("job-0-0", "h1", Resources(cpu=2, gpu=1))
+    registry.use("job-0-0", "a1", Resources(cpu=2, gpu=1))
     assert registry.get("h1").free == Resources(cpu=6, mem_mb=32768, disk_mb=100000, gpu=3)
     registry.set_draining("h1", True)
-    assert registry.draining() == {"h1"}
+    assert registry.draining() == {"a1"}
 
     again = HostRegistry(SqlHostStore(db), lambda: NOW)
     record = again.get("h1").record
@@ -64,9 +64,38 @@ def test_a_lost_agent_goes_down_and_leaves_the_capacity(db: Database) -> None:
         registry.set_draining("h2", True)
     with pytest.raises(NotFound, match="nope"):
         registry.get("nope")
-    # The agent re-registers under a new id: the host is up again.
-    registry.observe("h2", "a2b", HOST, {}, "h2:5051")
+    # The agent re-registers under a new id at the same address: it supersedes the DOWN record.
+    record = registry.observe("h2", "a2b", HOST, {}, "h2:5051")
+    assert record is not None
+    registry.save([record])
     assert registry.counts() == {"UP": 2}
+    assert [v.record.agent_id for v in HostRegistry(SqlHostStore(db), lambda: NOW).list()] == [
+        "a1",
+        "a2b",
+    ]
+
+
+def test_agents_that_share_a_hostname_are_distinct_hosts(db: Database) -> None:
+    registry = HostRegistry(SqlHostStore(db), lambda: NOW)
+    records = [
+        registry.observe("node-a", agent, HOST, {"rack": "r1"}, "127.0.0.1:5050")
+        for agent in ("a2", "a1")
+    ]
+    registry.save([r for r in records if r is not None])
+    again = HostRegistry(SqlHostStore(db), lambda: NOW)
+    assert [(v.record.hostname, v.record.agent_id) for v in again.list()] == [
+        ("node-a", "a1"),
+        ("node-a", "a2"),
+    ]
+    assert again.capacity()["total"] == HOST.scale(2)
+    # A shared hostname does not name one host: the agent id does.
+    with pytest.raises(FailedPrecondition, match=r"node-a names 2 agents \(a1, a2\)"):
+        again.get("node-a")
+    assert again.set_draining("a2", True).record.state == HostState.DRAINING
+    assert again.draining() == {"a2"}
+    # One of them lost: it stays DOWN beside the other (not superseded: that one is UP).
+    assert again.agent_lost("a1") is not None
+    assert again.counts() == {"DRAINING": 1, "DOWN": 1}
 
 
 def test_active_attempts_are_the_launched_ones(db: Database) -> None:

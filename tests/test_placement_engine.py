@@ -25,7 +25,7 @@ def host(name: str, gpu: float, *, cpu: float = 64, rack: str = "r1", model: str
         attrs["gpu_model"] = model
     return HostOffers(
         hostname=name,
-        agent_id=f"agent-{name}",
+        agent_id=name,  # placement names hosts by agent id
         free=Resources(cpu=cpu, mem_mb=256_000, disk_mb=1_000_000, gpu=gpu),
         ports=((31000, 31000 + ports - 1),) if ports else (),
         attributes=attrs,

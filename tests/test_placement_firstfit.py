@@ -30,7 +30,7 @@ def gang(n: int, *, cpu: float = 1, gpu: float = 1, ports: int = 0) -> Gang:
 def host(name: str, cpu: float = 8, gpu: float = 4, **attrs: str) -> HostOffers:
     return HostOffers(
         hostname=name,
-        agent_id=f"agent-{name}",
+        agent_id=name,  # placement names hosts by agent id
         free=Resources(cpu=cpu, mem_mb=32768, disk_mb=100000, gpu=gpu),
         ports=((31000, 31009),),
         attributes=attrs,

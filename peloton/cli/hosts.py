@@ -25,6 +25,7 @@ def _print_hosts(hosts: Sequence[host_pb2.Host]) -> None:
     rows = [
         (
             h.hostname,
+            h.agent_id,
             h.state,
             f"{h.free.gpu:g}/{h.total.gpu:g}",
             f"{h.free.cpu:g}/{h.total.cpu:g}",
@@ -33,7 +34,15 @@ def _print_hosts(hosts: Sequence[host_pb2.Host]) -> None:
         )
         for h in hosts
     ]
-    columns = ("HOST", "STATE", "GPU FREE/TOTAL", "CPU FREE/TOTAL", "MEM_MB FREE/TOTAL", "ATTRS")
+    columns = (
+        "HOST",
+        "AGENT",
+        "STATE",
+        "GPU FREE/TOTAL",
+        "CPU FREE/TOTAL",
+        "MEM_MB FREE/TOTAL",
+        "ATTRS",
+    )
     out.console().print(out.table(columns, rows))
 
 
@@ -76,32 +85,41 @@ def host_list(ctx: click.Context, states: tuple[str, ...], fmt: str) -> None:
 
 
 @host.command(name="get")
-@click.argument("hostname")
+@click.argument("host_name", metavar="HOST")
 @out.output_option
 @click.pass_context
-def host_get(ctx: click.Context, hostname: str, fmt: str) -> None:
-    """Show one host."""
+def host_get(ctx: click.Context, host_name: str, fmt: str) -> None:
+    """Show one host.
+
+    HOST is a hostname or an agent id (the agent id where agents share a hostname).
+    """
     with connect(ctx) as client:
-        _show(client.get_host(hostname), fmt)
+        _show(client.get_host(host_name), fmt)
 
 
 @host.command()
-@click.argument("hostname")
+@click.argument("host_name", metavar="HOST")
 @out.output_option
 @click.pass_context
-def drain(ctx: click.Context, hostname: str, fmt: str) -> None:
-    """Give HOSTNAME no new placements (its running tasks keep running)."""
+def drain(ctx: click.Context, host_name: str, fmt: str) -> None:
+    """Give HOST no new placements (its running tasks keep running).
+
+    HOST is a hostname or an agent id (the agent id where agents share a hostname).
+    """
     with connect(ctx) as client:
-        h = client.drain_host(hostname)
-    click.echo(f"host {hostname} is {h.state}") if fmt == "table" else _show(h, fmt)
+        h = client.drain_host(host_name)
+    click.echo(f"host {host_name} is {h.state}") if fmt == "table" else _show(h, fmt)
 
 
 @host.command()
-@click.argument("hostname")
+@click.argument("host_name", metavar="HOST")
 @out.output_option
 @click.pass_context
-def undrain(ctx: click.Context, hostname: str, fmt: str) -> None:
-    """Let HOSTNAME take placements again."""
+def undrain(ctx: click.Context, host_name: str, fmt: str) -> None:
+    """Let HOST take placements again.
+
+    HOST is a hostname or an agent id (the agent id where agents share a hostname).
+    """
     with connect(ctx) as client:
-        h = client.undrain_host(hostname)
-    click.echo(f"host {hostname} is {h.state}") if fmt == "table" else _show(h, fmt)
+        h = client.undrain_host(host_name)
+    click.echo(f"host {host_name} is {h.state}") if fmt == "table" else _show(h, fmt)

@@ -30,7 +30,7 @@ from peloton.hostmgr.acks import Acknowledger
 from peloton.hostmgr.hosts import HostRegistry, HostState, HostStore
 from peloton.hostmgr.launch import LaunchTask, grace_policy, launch_group
 from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
-from peloton.hostmgr.offers import HostOffers, Lease, Offer, OfferPool, parse_offer
+from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, Offer, OfferPool, parse_offer
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import TaskUpdate
 from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
@@ -254,11 +254,19 @@ class HostManager:
     def on_offers(self, raw: Sequence[Mapping[str, Any]]) -> None:
         now = self._now()
         offers: list[Offer] = []
+        malformed: list[str] = []
         for r in raw:
             try:
                 offers.append(parse_offer(r, now))
             except ValueError:
-                log.exception("ignoring malformed offer")
+                log.exception("declining a malformed offer")
+                # Declined, not dropped: an offer nobody answers stays outstanding at the master
+                # (no --offer_timeout by default), its resources locked away for good.
+                offer_id = r.get("id", {}).get("value") if isinstance(r, Mapping) else None
+                if isinstance(offer_id, str):
+                    malformed.append(offer_id)
+        if malformed:
+            self._work.put(lambda: self._decline_ids(malformed, self.settings.refuse_seconds))
         self.metrics.offers_received.inc(len(offers))
         self.pool.add(offers)
         self.metrics.offers_held.set(self.pool.held())
@@ -269,18 +277,18 @@ class HostManager:
         self._work.put(self._after_offers)
 
     def _observe(self, offers: Sequence[Offer]) -> None:
-        # What each host offered in this event (the pool may have moved on by now).
+        # What each agent offered in this event (the pool may have moved on by now).
         offered: dict[str, Resources] = {}
         last: dict[str, Offer] = {}
         for o in offers:
-            offered[o.hostname] = offered.get(o.hostname, Resources()) + o.resources
-            last[o.hostname] = o
+            offered[o.agent_id] = offered.get(o.agent_id, Resources()) + o.resources
+            last[o.agent_id] = o
         changed = [
             record
-            for name, o in last.items()
+            for agent_id, o in last.items()
             if (
                 record := self.hosts.observe(
-                    name, o.agent_id, offered[name], o.attributes, o.agent_address
+                    o.hostname, agent_id, offered[agent_id], o.attributes, o.agent_address
                 )
             )
             is not None
@@ -363,11 +371,13 @@ class HostManager:
 
     def _decline(self, offers: Sequence[Offer], refuse: float) -> None:
         self.metrics.offers_held.set(self.pool.held())
+        self._decline_ids([o.offer_id for o in offers], refuse)
+
+    def _decline_ids(self, offer_ids: Sequence[str], refuse: float) -> None:
         self._call(
-            lambda d: d.declineOffer(
-                [{"value": o.offer_id} for o in offers], {"refuse_seconds": refuse}
-            )
+            lambda d: d.declineOffer([{"value": i} for i in offer_ids], {"refuse_seconds": refuse})
         )
+        self.metrics.offers_declined.inc(len(offer_ids))
 
     def _suppress(self) -> None:
         if not self._suppressed and self._call(lambda d: d.suppressOffers()):
@@ -432,8 +442,8 @@ class HostManager:
             if v.record.state == HostState.UP
         ]
 
-    def lease(self, hostname: str) -> Lease | None:
-        return self.pool.lease(hostname, self._now())
+    def lease(self, agent_id: str) -> Lease | None:
+        return self.pool.lease(agent_id, self._now())
 
     def release(self, lease: Lease) -> None:
         self.pool.release(lease)
@@ -450,16 +460,27 @@ class HostManager:
         driver = self._driver
         if driver is None or not self.connected or not self.framework_id:
             raise Unavailable("not subscribed to a Mesos master")
+        ops = []
+        for lease, tasks in shares:
+            try:
+                ops.append(
+                    launch_group(
+                        lease,
+                        self.framework_id,
+                        f"{tasks[0].task_id}-executor",
+                        self._executor_resources,
+                        tasks,
+                    )
+                )
+            except ValueError as exc:
+                raise LeaseError(f"{lease.hostname} ({lease.agent_id}): {exc}") from exc
         self.pool.take_for_launch([lease for lease, _ in shares], self._now())
         self.metrics.offers_held.set(self.pool.held())
-        for lease, tasks in shares:
-            executor_id = f"{tasks[0].task_id}-executor"
+        for (lease, tasks), op in zip(shares, ops, strict=True):
+            executor_id = op["launch_group"]["executor"]["executor_id"]["value"]
             for t in tasks:
                 self._where[t.task_id] = _Where(lease.agent_id, executor_id, lease.hostname)
-                self.hosts.use(t.task_id, lease.hostname, t.resources)
-            op = launch_group(
-                lease, self.framework_id, executor_id, self._executor_resources, tasks
-            )
+                self.hosts.use(t.task_id, lease.agent_id, t.resources)
             offer_ids = [{"value": i} for i in lease.offer_ids]
             # What the share leaves of the host is what the next gangs need: have it offered
             # again at the next allocation, not after the default 5 s refuse filter.
@@ -490,14 +511,13 @@ class HostManager:
     def sandbox(self, task_id: str, hostname: str) -> tuple[str, str, str]:
         """(agent address, framework id, executor id) of an attempt's sandbox."""
         where = self._where.get(task_id)
-        host = where.hostname if where else hostname
-        if not host:
+        if where is None and not hostname:
             raise FailedPrecondition(f"task {task_id} has not been placed on a host")
         if where is None:
             raise FailedPrecondition(
                 f"the sandbox of {task_id} is unknown (no status update seen since restart)"
             )
-        return self.hosts.get(host).record.address, self.framework_id, where.executor_id
+        return self.hosts.get(where.agent_id).record.address, self.framework_id, where.executor_id
 
     # ------------------------------------------------------------------ status updates
 
@@ -615,17 +635,16 @@ class HostManager:
         executor = status.get("executor_id", {}).get("value", "")
         known = self._where.get(task_id)
         hostname = known.hostname if known else current_host
+        agent = agent_id or (known.agent_id if known else "")
         if executor or known is None:
             self._where[task_id] = _Where(
-                agent_id or (known.agent_id if known else ""),
-                executor or (known.executor_id if known else ""),
-                hostname,
+                agent, executor or (known.executor_id if known else ""), hostname
             )
         ending = target is not None and target in TASK_TERMINAL
-        if not ending and hostname and self.hosts.host_of(task_id) == "":
+        if not ending and agent and self.hosts.host_of(task_id) == "":
             # A daemon that restarted learns what its running tasks hold from their updates.
             spec = self._jobs.get_job(job_id).spec
-            self.hosts.use(task_id, hostname, Resources.from_proto(spec.task.resources))
+            self.hosts.use(task_id, agent, Resources.from_proto(spec.task.resources))
         if target is None:
             return None
         reason, message = mesos_states.reason_of(
@@ -651,8 +670,9 @@ class HostManager:
         """Mesos task ids of every attempt peloton believes may run on a host."""
         return self._store.active_attempts(TASK_ACTIVE)
 
-    def host_state(self, hostname: str) -> HostState:
-        return self.hosts.get(hostname).record.state
+    def host_state(self, name: str) -> HostState:
+        """The state of the host an agent id or hostname names."""
+        return self.hosts.get(name).record.state
 
 
 class _Driver(MesosSchedulerDriver):  # type: ignore[misc]

@@ -61,8 +61,9 @@ class HostStore(Protocol):
 
     def load_hosts(self) -> list[HostRecord]: ...
 
-    def save_hosts(self, hosts: Sequence[HostRecord]) -> None:
-        """Insert or replace these host records (one transaction)."""
+    def save_hosts(self, hosts: Sequence[HostRecord], remove: Sequence[str] = ()) -> None:
+        """Insert or replace these host records, and delete those of the agent ids in
+        ``remove`` (one transaction)."""
         ...
 
     def load_framework_id(self, name: str) -> str: ...
@@ -83,20 +84,24 @@ class HostStore(Protocol):
 
 @dataclass
 class _Usage:
-    by_attempt: dict[str, tuple[str, Resources]] = field(default_factory=dict)  # -> hostname
+    by_attempt: dict[str, tuple[str, Resources]] = field(default_factory=dict)  # -> agent id
     by_host: dict[str, Resources] = field(default_factory=dict)
 
 
 class HostRegistry:
-    """Known hosts by hostname, with peloton's usage per running attempt. Thread-safe."""
+    """Known hosts by agent id, with peloton's usage per running attempt. Thread-safe.
+
+    Users name a host by agent id or by hostname; a hostname that several agents share is
+    refused as ambiguous (Mesos registers several agents under one name)."""
 
     def __init__(self, store: HostStore, clock: Callable[[], datetime]) -> None:
         self._store = store
         self._clock = clock
         self._lock = threading.Lock()
-        self._hosts: dict[str, HostRecord] = {h.hostname: h for h in store.load_hosts()}
+        self._hosts: dict[str, HostRecord] = {h.agent_id: h for h in store.load_hosts()}
         self._usage = _Usage()
         self._total: Resources | None = None  # of the hosts not DOWN; None: to be summed
+        self._superseded: list[str] = []  # agent ids whose records are to be deleted
 
     # ------------------------------------------------------------------ what Mesos tells
 
@@ -108,112 +113,148 @@ class HostRegistry:
         attributes: Mapping[str, str],
         address: str,
     ) -> HostRecord | None:
-        """An offer (or the sum of a host's held offers) was seen. Returns the host's new record
-        if it changed (a new host, a larger total, a new agent or address), for the caller to
-        :meth:`save` (in batches: offers come by the thousand); None if nothing changed."""
+        """An offer (or the sum of an agent's held offers) was seen. Returns the host's new
+        record if it changed (a new agent, a larger total, a new address), for the caller to
+        :meth:`save` (in batches: offers come by the thousand); None if nothing changed. A new
+        agent supersedes the DOWN records of its hostname and address (the same agent restarted
+        under a new id)."""
         with self._lock:
-            seen = offered
-            old = self._hosts.get(hostname)
+            old = self._hosts.get(agent_id)
             if old is None:
                 new = HostRecord(
-                    hostname, agent_id, HostState.UP, seen, dict(attributes), address, self._clock()
+                    hostname,
+                    agent_id,
+                    HostState.UP,
+                    offered,
+                    dict(attributes),
+                    address,
+                    self._clock(),
                 )
+                self._supersede(new)
             else:
-                fresh_agent = old.agent_id != agent_id
-                total = seen if fresh_agent else _max(old.total, seen)
                 state = HostState.UP if old.state == HostState.DOWN else old.state
                 new = replace(
                     old,
-                    agent_id=agent_id,
+                    hostname=hostname,
                     state=state,
-                    total=total,
+                    total=_max(old.total, offered),
                     attributes=dict(attributes),
                     address=address,
                 )
                 if new == old:
                     return None
                 new = replace(new, updated_at=self._clock())
-            self._hosts[hostname] = new
+            self._hosts[agent_id] = new
             self._total = None
         return new
 
+    def _supersede(self, new: HostRecord) -> None:
+        for agent_id, h in list(self._hosts.items()):
+            if (
+                h.state == HostState.DOWN
+                and (h.hostname, h.address) == (new.hostname, new.address)
+                and not self._usage.by_host.get(agent_id)
+            ):
+                del self._hosts[agent_id]
+                self._superseded.append(agent_id)
+
     def save(self, records: Sequence[HostRecord]) -> None:
-        """Persist records :meth:`observe` returned."""
-        if records:
-            self._store.save_hosts(records)
+        """Persist records :meth:`observe` returned (and forget superseded ones)."""
+        with self._lock:
+            gone, self._superseded = self._superseded, []
+        if records or gone:
+            self._store.save_hosts(records, remove=gone)
 
     def agent_lost(self, agent_id: str) -> HostRecord | None:
         """Mark the host of a lost agent DOWN (it leaves the cluster's capacity)."""
         with self._lock:
-            host = next((h for h in self._hosts.values() if h.agent_id == agent_id), None)
+            host = self._hosts.get(agent_id)
             if host is None or host.state == HostState.DOWN:
                 return None
             new = replace(host, state=HostState.DOWN, updated_at=self._clock())
-            self._hosts[host.hostname] = new
+            self._hosts[agent_id] = new
             self._total = None
         self._store.save_hosts([new])
         return new
 
     # ------------------------------------------------------------------ peloton's usage
 
-    def use(self, attempt_id: str, hostname: str, resources: Resources) -> None:
+    def use(self, attempt_id: str, agent_id: str, resources: Resources) -> None:
         with self._lock:
             if attempt_id in self._usage.by_attempt:
                 return
-            self._usage.by_attempt[attempt_id] = (hostname, resources)
-            self._usage.by_host[hostname] = self._used(hostname) + resources
+            self._usage.by_attempt[attempt_id] = (agent_id, resources)
+            self._usage.by_host[agent_id] = self._used(agent_id) + resources
 
     def unuse(self, attempt_id: str) -> None:
         with self._lock:
             entry = self._usage.by_attempt.pop(attempt_id, None)
             if entry is not None:
-                hostname, resources = entry
-                self._usage.by_host[hostname] = (self._used(hostname) - resources).clamp_min_zero()
+                agent_id, resources = entry
+                self._usage.by_host[agent_id] = (self._used(agent_id) - resources).clamp_min_zero()
 
     def host_of(self, attempt_id: str) -> str:
+        """The agent id an attempt's usage is counted on ("" if none)."""
         with self._lock:
             entry = self._usage.by_attempt.get(attempt_id)
             return entry[0] if entry else ""
 
-    def _used(self, hostname: str) -> Resources:
-        return self._usage.by_host.get(hostname, ZERO)
+    def _used(self, agent_id: str) -> Resources:
+        return self._usage.by_host.get(agent_id, ZERO)
 
     # ------------------------------------------------------------------ users
 
-    def get(self, hostname: str) -> HostView:
+    def _find(self, name: str) -> HostRecord:
+        """The host an agent id or a hostname names (NotFound; FailedPrecondition if the
+        hostname is shared by several agents)."""
+        host = self._hosts.get(name)
+        if host is not None:
+            return host
+        named = sorted(
+            (h for h in self._hosts.values() if h.hostname == name), key=lambda h: h.agent_id
+        )
+        if not named:
+            raise NotFound(f"host {name} not found")
+        if len(named) > 1:
+            ids = ", ".join(h.agent_id for h in named)
+            raise FailedPrecondition(
+                f"hostname {name} names {len(named)} agents ({ids}): give its agent id"
+            )
+        return named[0]
+
+    def get(self, name: str) -> HostView:
+        """The host of an agent id or (unshared) hostname."""
         with self._lock:
-            host = self._hosts.get(hostname)
-            if host is None:
-                raise NotFound(f"host {hostname} not found")
-            return HostView(host, self._used(hostname))
+            host = self._find(name)
+            return HostView(host, self._used(host.agent_id))
 
     def list(self) -> list[HostView]:
+        """Every host, by hostname then agent id."""
         with self._lock:
-            return [HostView(h, self._used(n)) for n, h in sorted(self._hosts.items())]
+            hosts = sorted(self._hosts.values(), key=lambda h: (h.hostname, h.agent_id))
+            return [HostView(h, self._used(h.agent_id)) for h in hosts]
 
-    def set_draining(self, hostname: str, draining: bool) -> HostView:
+    def set_draining(self, name: str, draining: bool) -> HostView:
         """Drain (no new placements) or undrain a host. A DOWN host can't be drained."""
         with self._lock:
-            host = self._hosts.get(hostname)
-            if host is None:
-                raise NotFound(f"host {hostname} not found")
+            host = self._find(name)
             if host.state == HostState.DOWN:
-                raise FailedPrecondition(f"host {hostname} is DOWN")
+                raise FailedPrecondition(f"host {name} is DOWN")
             state = HostState.DRAINING if draining else HostState.UP
             new = host if host.state == state else replace(host, state=state)
             if new is not host:
                 new = replace(new, updated_at=self._clock())
-                self._hosts[hostname] = new
+                self._hosts[host.agent_id] = new
                 self._total = None
-            view = HostView(new, self._used(hostname))
+            view = HostView(new, self._used(host.agent_id))
         if new is not host:
             self._store.save_hosts([new])
         return view
 
     def draining(self) -> set[str]:
-        """Hostnames that must get no new placements."""
+        """Agent ids of the hosts that must get no new placements."""
         with self._lock:
-            return {n for n, h in self._hosts.items() if h.state != HostState.UP}
+            return {a for a, h in self._hosts.items() if h.state != HostState.UP}
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -236,8 +277,8 @@ class HostRegistry:
         # The host manager asks after every step of its worker: no views, no sorting.
         with self._lock:
             hosts = [
-                (h.total, self._used(name))
-                for name, h in self._hosts.items()
+                (h.total, self._used(agent_id))
+                for agent_id, h in self._hosts.items()
                 if h.state != HostState.DOWN
             ]
         total = used = ZERO

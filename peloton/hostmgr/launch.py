@@ -1,10 +1,17 @@
 """The ACCEPT operation for one host's share of a gang: LAUNCH_GROUP with a DEFAULT executor.
 
 Pure: builds the v1 JSON (dicts) from what placement decided; the framework sends it.
+
+A launch names its resources exactly as they were offered: a master takes only resources it
+offered, with their role, reservations and allocation info, and refuses a task group otherwise
+("Total resources ... required by task group and its executor are more than available"). An
+offer may hold the same kind twice, reserved for peloton's role and unreserved; the launch takes
+the reserved part first (it is there for this role, and what is unreserved is left for others).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +20,8 @@ from peloton.hostmgr.offers import Lease
 from peloton.resources import Resources
 
 _MESOS_NAMES = (("cpu", "cpus"), ("mem_mb", "mem"), ("disk_mb", "disk"), ("gpu", "gpus"))
+# Mesos compares scalars in fixed point, three decimals.
+_EPSILON = 0.0005
 
 
 @dataclass(frozen=True)
@@ -28,20 +37,74 @@ class LaunchTask:
     kill_grace_seconds: int = 30
 
 
-def resources_json(
-    amount: Resources, allocation_info: Mapping[str, Any] | None, ports: Sequence[int] = ()
-) -> list[dict[str, Any]]:
-    """Mesos Resource messages for ``amount`` (zero kinds left out) and ``ports``."""
-    out: list[dict[str, Any]] = []
-    for kind, name in _MESOS_NAMES:
-        value = amount.get(kind)
-        if value > 0:
-            out.append({"name": name, "type": "SCALAR", "scalar": {"value": round(value, 6)}})
-    if ports:
-        out.append({"name": "ports", "type": "RANGES", "ranges": {"range": _ranges(sorted(ports))}})
-    if allocation_info:
-        for res in out:
-            res["allocation_info"] = dict(allocation_info)
+@dataclass
+class _Slot:
+    entry: Mapping[str, Any]
+    left: float
+
+
+class OfferedResources:
+    """What a lease's offers hold, entry by entry as offered; :meth:`take` hands amounts out as
+    Resource messages naming the entries they came from."""
+
+    def __init__(self, entries: Sequence[Mapping[str, Any]]) -> None:
+        # Reserved entries first: a launch uses its role's reservations before the rest.
+        ordered = sorted(entries, key=lambda e: not is_reserved(e))
+        self._scalars = [_Slot(e, float(e["scalar"]["value"])) for e in ordered if "scalar" in e]
+        self._ports = [e for e in ordered if e["name"] == "ports"]
+
+    def take(self, amount: Resources, ports: Sequence[int] = ()) -> list[dict[str, Any]]:
+        """Resource messages for ``amount`` (zero kinds left out) and ``ports``; ValueError if
+        the offers do not hold them."""
+        out: list[dict[str, Any]] = []
+        for kind, name in _MESOS_NAMES:
+            out.extend(self._take_scalar(name, amount.get(kind)))
+        out.extend(self._take_ports(sorted(ports)))
+        return out
+
+    def _take_scalar(self, name: str, want: float) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for slot in self._scalars:
+            if want <= _EPSILON:
+                break
+            if slot.entry["name"] != name or slot.left <= _EPSILON:
+                continue
+            got = min(slot.left, want)
+            slot.left, want = slot.left - got, want - got
+            out.append(_like(slot.entry, scalar={"value": round(got, 3)}))
+        if want > _EPSILON:
+            raise ValueError(f"the offers lack {round(want, 3):g} {name}")
+        return out
+
+    def _take_ports(self, ports: Sequence[int]) -> list[dict[str, Any]]:
+        by_entry: dict[int, list[int]] = {}
+        for port in ports:
+            index = next(
+                (
+                    i
+                    for i, e in enumerate(self._ports)
+                    if any(r["begin"] <= port <= r["end"] for r in e["ranges"].get("range", []))
+                ),
+                None,
+            )
+            if index is None:
+                raise ValueError(f"the offers lack port {port}")
+            by_entry.setdefault(index, []).append(port)
+        return [
+            _like(self._ports[i], ranges={"range": _ranges(taken)})
+            for i, taken in sorted(by_entry.items())
+        ]
+
+
+def is_reserved(resource: Mapping[str, Any]) -> bool:
+    """Reserved for a role: the refined ``reservations`` stack, or the legacy ``role``."""
+    return bool(resource.get("reservations")) or resource.get("role", "*") != "*"
+
+
+def _like(entry: Mapping[str, Any], **value: Any) -> dict[str, Any]:
+    """``entry`` (name, type, role, reservations, allocation_info...) holding ``value``."""
+    out = {k: copy.deepcopy(v) for k, v in entry.items() if k not in ("scalar", "ranges")}
+    out.update(value)
     return out
 
 
@@ -62,21 +125,22 @@ def launch_group(
     executor_resources: Resources,
     tasks: Sequence[LaunchTask],
 ) -> dict[str, Any]:
-    """The LAUNCH_GROUP operation running ``tasks`` on the leased host as one task group."""
-    alloc = lease.offers[0].allocation_info if lease.offers else None
+    """The LAUNCH_GROUP operation running ``tasks`` on the leased host as one task group.
+    ValueError if the lease's offers do not hold the executor and the tasks."""
+    offered = OfferedResources([e for o in lease.offers for e in o.entries])
     executor = {
         "type": "DEFAULT",
         "executor_id": {"value": executor_id},
         "framework_id": {"value": framework_id},
         # A real master rejects a default executor without disk.
-        "resources": resources_json(executor_resources, alloc),
+        "resources": offered.take(executor_resources),
     }
     infos = [
         {
             "name": t.name,
             "task_id": {"value": t.task_id},
             "agent_id": {"value": lease.agent_id},
-            "resources": resources_json(t.resources, alloc, t.ports),
+            "resources": offered.take(t.resources, t.ports),
             "command": {
                 "shell": True,
                 "value": t.command,

@@ -57,6 +57,11 @@ class HostmgrMetrics:
         self.offers_received = Counter(
             "peloton_offers_received", "Mesos offers received.", registry=registry
         )
+        self.offers_declined = Counter(
+            "peloton_offers_declined",
+            "Mesos offers declined (every offer not launched on is declined, never dropped).",
+            registry=registry,
+        )
         self.tasks_launched = Counter(
             "peloton_tasks_launched",
             "Mesos tasks sent in LAUNCH_GROUP operations.",

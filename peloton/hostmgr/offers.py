@@ -1,4 +1,7 @@
-"""The offer pool: Mesos offers kept per host, and leases that claim a host for one placement.
+"""The offer pool: Mesos offers kept per agent, and leases that claim an agent for one placement.
+
+Hosts are agents, keyed by agent id: Mesos registers several agents under one hostname (their
+ids differ), and each is a host with offers of its own. The hostname is shown, never a key.
 
 A lease claims every offer a host has at that moment, so a host is never promised to two
 placements: while it is leased it is out of every snapshot, and its offers can only be used
@@ -42,8 +45,9 @@ class Offer:
     attributes: Mapping[str, str]
     # The agent's HTTP address, host:port (from the offer's url): sandbox files are read there.
     agent_address: str
-    # The offer's allocation_info (MULTI_ROLE masters), echoed on launched resources.
-    allocation_info: Mapping[str, Any] | None
+    # The offer's cpus, mem, disk, gpus and ports entries exactly as offered (role,
+    # reservations, allocation_info): a launch must name what it takes the same way.
+    entries: tuple[Mapping[str, Any], ...]
     received_at: float
 
 
@@ -52,15 +56,23 @@ def parse_offer(raw: Mapping[str, Any], now: float) -> Offer:
     try:
         scalars: dict[str, float] = {}
         ports: list[PortRange] = []
+        entries: list[Mapping[str, Any]] = []
+        allocation = raw.get("allocation_info")
         for res in raw.get("resources", []):
+            if not usable(res):
+                continue
+            if allocation and "allocation_info" not in res:
+                res = {**res, "allocation_info": allocation}  # a MULTI_ROLE launch needs it
             name, kind = res["name"], res.get("type", "SCALAR")
             if name in _SCALARS and kind == "SCALAR":
                 key = _SCALARS[name]
                 scalars[key] = scalars.get(key, 0.0) + float(res["scalar"]["value"])
+                entries.append(res)
             elif name == "ports" and kind == "RANGES":
                 ports.extend(
                     (int(r["begin"]), int(r["end"])) for r in res["ranges"].get("range", [])
                 )
+                entries.append(res)
         return Offer(
             offer_id=raw["id"]["value"],
             agent_id=raw["agent_id"]["value"],
@@ -69,11 +81,19 @@ def parse_offer(raw: Mapping[str, Any], now: float) -> Offer:
             ports=tuple(sorted(ports)),
             attributes=_attributes(raw.get("attributes", [])),
             agent_address=_agent_address(raw.get("url"), raw["hostname"]),
-            allocation_info=raw.get("allocation_info"),
+            entries=tuple(entries),
             received_at=now,
         )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed offer: missing or bad field {exc}") from exc
+
+
+def usable(resource: Mapping[str, Any]) -> bool:
+    """Whether peloton's tasks may take from an offered resource: not a persistent volume or a
+    mount/path disk, not revocable, not shared (those are claimed by name, which tasks don't)."""
+    return not (
+        resource.get("disk") or resource.get("revocable") is not None or resource.get("shared")
+    )
 
 
 def _attributes(raw: Iterable[Mapping[str, Any]]) -> dict[str, str]:
@@ -166,14 +186,14 @@ class _Host:
 
 
 class OfferPool:
-    """Offers by host, with leases. Times are seconds on the caller's clock."""
+    """Offers by agent, with leases. Times are seconds on the caller's clock."""
 
     def __init__(self, lease_seconds: float = 60.0) -> None:
         self._lease_seconds = lease_seconds
         self._lock = threading.Lock()
-        self._hosts: dict[str, _Host] = {}
-        self._host_of_offer: dict[str, str] = {}
-        self._leases: dict[str, str] = {}  # lease id -> hostname
+        self._hosts: dict[str, _Host] = {}  # agent id -> its offers and lease
+        self._host_of_offer: dict[str, str] = {}  # offer id -> agent id
+        self._leases: dict[str, str] = {}  # lease id -> agent id
         self._ids = itertools.count(1)
 
     # ------------------------------------------------------------------ offers in and out
@@ -181,53 +201,47 @@ class OfferPool:
     def add(self, offers: Iterable[Offer]) -> None:
         with self._lock:
             for offer in offers:
-                host = self._hosts.get(offer.hostname)
-                if host is None or host.agent_id != offer.agent_id:
-                    # A new agent on a known hostname replaces the old one's offers.
-                    if host is not None:
-                        self._drop_host(offer.hostname)
-                    host = self._hosts[offer.hostname] = _Host(offer.agent_id)
+                host = self._hosts.get(offer.agent_id)
+                if host is None:
+                    host = self._hosts[offer.agent_id] = _Host(offer.agent_id)
                 host.offers[offer.offer_id] = offer
-                self._host_of_offer[offer.offer_id] = offer.hostname
+                self._host_of_offer[offer.offer_id] = offer.agent_id
 
     def rescind(self, offer_id: str) -> bool:
         """Forget a rescinded offer; True if it was held. A lease holding it is spoiled."""
         with self._lock:
-            hostname = self._host_of_offer.pop(offer_id, None)
-            if hostname is None:
+            agent_id = self._host_of_offer.pop(offer_id, None)
+            if agent_id is None:
                 return False
-            host = self._hosts[hostname]
+            host = self._hosts[agent_id]
             host.offers.pop(offer_id, None)
             if host.lease is not None and offer_id in host.lease.offer_ids:
                 host.spoiled = True
             return True
 
     def remove_agent(self, agent_id: str) -> list[str]:
-        """Forget a lost agent's offers (and spoil its lease); returns the offer ids."""
+        """Forget a lost agent's offers (and spoil its lease); returns the offer ids. The master
+        rescinds them itself: there is nothing to decline."""
         with self._lock:
-            for hostname, host in list(self._hosts.items()):
-                if host.agent_id == agent_id:
-                    return self._drop_host(hostname)
-            return []
-
-    def _drop_host(self, hostname: str) -> list[str]:
-        host = self._hosts[hostname]
-        ids = list(host.offers)
-        for offer_id in ids:
-            self._host_of_offer.pop(offer_id, None)
-        host.offers.clear()
-        if host.lease is not None:
-            host.spoiled = True
-        else:
-            del self._hosts[hostname]
-        return ids
+            host = self._hosts.get(agent_id)
+            if host is None:
+                return []
+            ids = list(host.offers)
+            for offer_id in ids:
+                self._host_of_offer.pop(offer_id, None)
+            host.offers.clear()
+            if host.lease is not None:
+                host.spoiled = True
+            else:
+                del self._hosts[agent_id]
+            return ids
 
     def take_unleased(self, older_than: float | None = None, now: float = 0.0) -> list[Offer]:
         """Remove and return unleased offers (to decline them): all of them, or those received
         more than ``older_than`` seconds before ``now``."""
         out: list[Offer] = []
         with self._lock:
-            for hostname, host in list(self._hosts.items()):
+            for agent_id, host in list(self._hosts.items()):
                 if host.lease is not None:
                     continue
                 for offer_id, offer in list(host.offers.items()):
@@ -235,26 +249,28 @@ class OfferPool:
                         out.append(host.offers.pop(offer_id))
                         del self._host_of_offer[offer_id]
                 if not host.offers:
-                    del self._hosts[hostname]
+                    del self._hosts[agent_id]
         return out
 
     # ------------------------------------------------------------------ reading
 
     def snapshot(self, exclude: Iterable[str] = ()) -> list[HostOffers]:
-        """Unleased hosts with offers (minus ``exclude``, e.g. draining hosts), by hostname."""
+        """Unleased agents with offers, minus the agent ids in ``exclude`` (e.g. draining
+        hosts), by hostname then agent id."""
         skip = set(exclude)
         with self._lock:
-            return [
+            out = [
                 HostOffers(
-                    hostname=name,
-                    agent_id=host.agent_id,
+                    hostname=next(iter(host.offers.values())).hostname,
+                    agent_id=agent_id,
                     free=_sum(host.offers.values()),
                     ports=tuple(sorted(r for o in host.offers.values() for r in o.ports)),
                     attributes=next(iter(host.offers.values())).attributes,
                 )
-                for name, host in sorted(self._hosts.items())
-                if host.lease is None and host.offers and name not in skip
+                for agent_id, host in self._hosts.items()
+                if host.lease is None and host.offers and agent_id not in skip
             ]
+        return sorted(out, key=lambda h: (h.hostname, h.agent_id))
 
     def held(self) -> int:
         """How many offers are held."""
@@ -262,26 +278,28 @@ class OfferPool:
             return len(self._host_of_offer)
 
     def leased_hosts(self) -> set[str]:
+        """Agent ids of the leased hosts."""
         with self._lock:
-            return {name for name, h in self._hosts.items() if h.lease is not None}
+            return {agent_id for agent_id, h in self._hosts.items() if h.lease is not None}
 
     # ------------------------------------------------------------------ leases
 
-    def lease(self, hostname: str, now: float) -> Lease | None:
-        """Claim every offer of ``hostname``; None if it has none or is already leased."""
+    def lease(self, agent_id: str, now: float) -> Lease | None:
+        """Claim every offer of the agent; None if it has none or is already leased."""
         with self._lock:
-            host = self._hosts.get(hostname)
+            host = self._hosts.get(agent_id)
             if host is None or host.lease is not None or not host.offers:
                 return None
+            offers = tuple(host.offers.values())
             lease = Lease(
                 lease_id=f"lease-{next(self._ids)}",
-                hostname=hostname,
-                agent_id=host.agent_id,
-                offers=tuple(host.offers.values()),
+                hostname=offers[0].hostname,
+                agent_id=agent_id,
+                offers=offers,
                 expires_at=now + self._lease_seconds,
             )
             host.lease, host.spoiled = lease, False
-            self._leases[lease.lease_id] = hostname
+            self._leases[lease.lease_id] = agent_id
             return lease
 
     def take_for_launch(self, leases: Sequence[Lease], now: float) -> None:
@@ -293,19 +311,19 @@ class OfferPool:
             for lease in leases:
                 problem = self._check(lease, now)
                 if problem:
-                    raise LeaseError(f"lease on {lease.hostname} {problem}")
+                    raise LeaseError(f"lease on {lease.hostname} ({lease.agent_id}) {problem}")
             for lease in leases:
-                host = self._hosts[lease.hostname]
+                host = self._hosts[lease.agent_id]
                 for offer_id in lease.offer_ids:
                     host.offers.pop(offer_id, None)
                     self._host_of_offer.pop(offer_id, None)
                 self._end(lease)
 
     def _check(self, lease: Lease, now: float) -> str:
-        hostname = self._leases.get(lease.lease_id)
-        if hostname is None:
+        agent_id = self._leases.get(lease.lease_id)
+        if agent_id is None:
             return "was released or has expired"
-        host = self._hosts[hostname]
+        host = self._hosts[agent_id]
         if host.spoiled:
             return "lost an offer (rescinded, or the agent went away)"
         if now >= lease.expires_at:
@@ -322,19 +340,19 @@ class OfferPool:
         """End every lease past its expiry; returns them."""
         with self._lock:
             out = []
-            for hostname in list(self._leases.values()):
-                lease = self._hosts[hostname].lease
+            for agent_id in list(self._leases.values()):
+                lease = self._hosts[agent_id].lease
                 if lease is not None and now >= lease.expires_at:
                     out.append(lease)
                     self._end(lease)
             return out
 
     def _end(self, lease: Lease) -> None:
-        hostname = self._leases.pop(lease.lease_id)
-        host = self._hosts[hostname]
+        agent_id = self._leases.pop(lease.lease_id)
+        host = self._hosts[agent_id]
         host.lease, host.spoiled = None, False
         if not host.offers:
-            del self._hosts[hostname]
+            del self._hosts[agent_id]
 
 
 def _sum(offers: Iterable[Offer]) -> Resources:

@@ -1,7 +1,7 @@
 """Gang placement: a host for every task of a gang or none, packed to keep GPUs whole or
 spread over hosts and racks.
 
-Pure: it reads a snapshot of the offer pool and returns hostnames by rank; leasing is the
+Pure: it reads a snapshot of the offer pool and returns agent ids by rank; leasing is the
 launcher's job. For one gang:
 
 1. **Filter.** Hosts whose attributes satisfy the task's constraints (a list ANDed; an ``any_of``
@@ -73,7 +73,7 @@ class HostClass:
     free: Resources
     ports: int
     attributes: Mapping[str, str]
-    hostnames: list[str] = field(default_factory=list)
+    agent_ids: list[str] = field(default_factory=list)
     # capacity() per (task resources, ports): a round asks the same for many gangs.
     _fits: dict[tuple[float, float, float, float, int], int] = field(default_factory=dict)
 
@@ -141,31 +141,31 @@ class Snapshot:
         self._classes: dict[tuple[object, ...], HostClass] = {}
         self._class_of: dict[str, HostClass] = {}
         for h in hosts:
-            self._add(h.hostname, h.free, port_count(h.ports), h.attributes)
+            self._add(h.agent_id, h.free, port_count(h.ports), h.attributes)
 
     def classes(self) -> list[HostClass]:
-        return [c for c in self._classes.values() if c.hostnames]
+        return [c for c in self._classes.values() if c.agent_ids]
 
     def _add(self, name: str, free: Resources, ports: int, attrs: Mapping[str, str]) -> None:
         key = (free, ports, tuple(sorted(attrs.items())))
         cls = self._classes.get(key)
         if cls is None:
             cls = self._classes[key] = HostClass(free, ports, dict(attrs))
-        cls.hostnames.append(name)
+        cls.agent_ids.append(name)
         self._class_of[name] = cls
 
-    def drop(self, hostnames: Iterable[str]) -> None:
+    def drop(self, agent_ids: Iterable[str]) -> None:
         """Leave these hosts out of the rest of the round (e.g. leased whole by a placement)."""
-        for name in hostnames:
+        for name in agent_ids:
             cls = self._class_of.pop(name, None)
             if cls is not None:
-                cls.hostnames.remove(name)
+                cls.agent_ids.remove(name)
 
     def take(self, choice: Choice, per: Resources, nports: int) -> list[str]:
-        """Hostnames by rank for ``choice``; their free resources shrink accordingly."""
+        """Agent ids by rank for ``choice``; their free resources shrink accordingly."""
         by_rank: list[str] = []
         for cls, tasks, hosts in choice.parts:
-            names = [cls.hostnames.pop(0) for _ in range(hosts)]  # in snapshot order
+            names = [cls.agent_ids.pop(0) for _ in range(hosts)]  # in snapshot order
             for name in names:
                 del self._class_of[name]
             left = cls.free - per.scale(tasks) - EXECUTOR_RESOURCES
@@ -295,7 +295,7 @@ def _spread(group: Eligible, n: int) -> Choice | None:
         return None
     level = _level(group, n)
     below = [(c, min(cap, level - 1)) for c, cap in group]
-    rest = n - sum(k * len(c.hostnames) for c, k in below)
+    rest = n - sum(k * len(c.agent_ids) for c, k in below)
     one_more: dict[HostClass, int] = {}
     for cls in itertools.islice(_in_turn([(c, cap) for c, cap in group if cap >= level]), rest):
         one_more[cls] = one_more.get(cls, 0) + 1
@@ -303,19 +303,19 @@ def _spread(group: Eligible, n: int) -> Choice | None:
     parts += [
         (c, k, hosts)
         for c, k in below
-        if k > 0 and (hosts := len(c.hostnames) - one_more.get(c, 0)) > 0
+        if k > 0 and (hosts := len(c.agent_ids) - one_more.get(c, 0)) > 0
     ]
     return Choice(tuple(parts))
 
 
 def _level(group: Eligible, n: int) -> int:
     """The fewest tasks per host at which ``group`` holds ``n`` (it must hold them at all)."""
-    if sum(len(c.hostnames) for c, _ in group) >= n:
+    if sum(len(c.agent_ids) for c, _ in group) >= n:
         return 1  # the common case, one task per host, without the search
     low, high = 2, max(cap for _, cap in group)
     while low < high:
         mid = (low + high) // 2
-        if sum(min(cap, mid) * len(c.hostnames) for c, cap in group) >= n:
+        if sum(min(cap, mid) * len(c.agent_ids) for c, cap in group) >= n:
             high = mid
         else:
             low = mid + 1
@@ -327,10 +327,10 @@ def _in_turn(group: Eligible) -> Iterator[HostClass]:
     possible are used: racks with the roomiest host first, each rack's roomiest hosts first.
     Room: how many tasks a host holds, then its free GPUs."""
     racks: dict[str, list[HostClass]] = {}
-    for c, _ in sorted(group, key=lambda h: (-h[1], -h[0].free.gpu, h[0].hostnames[0])):
+    for c, _ in sorted(group, key=lambda h: (-h[1], -h[0].free.gpu, h[0].agent_ids[0])):
         racks.setdefault(c.rack, []).append(c)
     turns = [
-        itertools.chain.from_iterable(itertools.repeat(c, len(c.hostnames)) for c in classes)
+        itertools.chain.from_iterable(itertools.repeat(c, len(c.agent_ids)) for c in classes)
         for classes in racks.values()
     ]
     while turns:
@@ -346,9 +346,9 @@ def _in_turn(group: Eligible) -> Iterator[HostClass]:
 def _best_fit(group: Eligible, n: int) -> Choice | None:
     """Largest hosts first until the rest fits on one host, then the smallest host that holds
     the rest. Ties go to hosts with fewer free GPUs (fill what is already partly used)."""
-    order = sorted(group, key=lambda h: (h[1], h[0].free.gpu, h[0].hostnames[0]))
+    order = sorted(group, key=lambda h: (h[1], h[0].free.gpu, h[0].agent_ids[0]))
     caps = [cap for _, cap in order]
-    left = [len(c.hostnames) for c, _ in order]  # hosts of each class still unused
+    left = [len(c.agent_ids) for c, _ in order]  # hosts of each class still unused
     parts: list[tuple[HostClass, int, int]] = []
     remaining = n
     while remaining > 0 and order:
@@ -369,7 +369,7 @@ def _best_fit(group: Eligible, n: int) -> Choice | None:
 
 
 def _room(group: Eligible) -> int:
-    return sum(cap * len(c.hostnames) for c, cap in group)
+    return sum(cap * len(c.agent_ids) for c, cap in group)
 
 
 def _by_model(eligible: Eligible) -> dict[str, Eligible]:
@@ -382,7 +382,7 @@ def _by_model(eligible: Eligible) -> dict[str, Eligible]:
 def _why_not(gang: Gang, classes: list[HostClass], eligible: Eligible, *, now: bool) -> str:
     """What binds, short and human: the job's pending reason (``now``: on the free offers) or
     why it can never run (on the cluster's totals)."""
-    hosts = sum(len(c.hostnames) for c in classes)
+    hosts = sum(len(c.agent_ids) for c in classes)
     if not hosts:
         if now:
             return f"no host offers free resources; the gang needs {_ask(gang)}"
@@ -434,7 +434,7 @@ def _too_few(gang: Gang, matching: list[HostClass], eligible: Eligible, free: st
     room = f"hold {_room(group)} (largest host {max(cap for _, cap in group)})"
     if per.gpu <= EPSILON:
         return f"needs {_ask(gang)}; the hosts with room {room}"
-    gpus = sum(c.free.gpu * len(c.hostnames) for c, _ in group)
+    gpus = sum(c.free.gpu * len(c.agent_ids) for c, _ in group)
     if n * per.gpu > gpus + EPSILON:
         return (
             f"needs {format_amount(n * per.gpu)} GPUs on one GPU model; "
@@ -478,7 +478,7 @@ def _ruled_out(gang: Gang, classes: list[HostClass]) -> str:
     if not off:
         return ""
     binding = [item for item in constraints if any(not matches((item,), c.attributes) for c in off)]
-    count = sum(len(c.hostnames) for c in off)
+    count = sum(len(c.agent_ids) for c in off)
     names = " and ".join(_describe(item) for item in binding)
     return f"; {names} rules out {count} more host{'' if count == 1 else 's'} with room"
 

@@ -1,7 +1,7 @@
 """First-fit placement: each task of a gang, in rank order, on the first host it fits.
 
 All or nothing: either every task gets a host or the result says why none was placed. Pure: it
-reads a snapshot of the offer pool and returns hostnames; leasing is the launcher's job. This is
+reads a snapshot of the offer pool and returns agent ids; leasing is the launcher's job. This is
 also the baseline the real placement engine is measured against.
 """
 
@@ -67,7 +67,7 @@ def place(gang: Gang, hosts: Sequence[HostOffers]) -> Placement:
     for _ in gang.instances:
         while i < len(hosts):
             h = hosts[i]
-            name = h.hostname
+            name = h.agent_id
             if name not in free:
                 if not matches(task.constraints, h.attributes):
                     i += 1

@@ -51,7 +51,7 @@ class Hosts(Protocol):
         """Every host that takes work, with its total resources (as if nothing ran on it)."""
         ...
 
-    def lease(self, hostname: str) -> Lease | None: ...
+    def lease(self, agent_id: str) -> Lease | None: ...
 
     def release(self, lease: Lease) -> None: ...
 
@@ -244,7 +244,7 @@ class Launcher:
         try:
             attempts = self._attempts(gang)
             shares = self._shares(gang, hosts, leases, attempts)
-            self._record(gang, hosts, attempts)
+            self._record(gang, [leases[h].hostname for h in hosts], attempts)
         except (PelotonError, _NotPlaced) as exc:
             for lease in leases.values():
                 self._hosts.release(lease)
@@ -265,15 +265,15 @@ class Launcher:
             extra={"job_id": gang.job_id, "tasks": gang.size, "hosts": len(leases)},
         )
 
-    def _lease_all(self, hostnames: Sequence[str]) -> dict[str, Lease]:
+    def _lease_all(self, agent_ids: Sequence[str]) -> dict[str, Lease]:
         leases: dict[str, Lease] = {}
-        for name in hostnames:
-            lease = self._hosts.lease(name)
+        for agent_id in agent_ids:
+            lease = self._hosts.lease(agent_id)
             if lease is None:
                 for got in leases.values():
                     self._hosts.release(got)
-                raise _NotPlaced(f"host {name} was taken by another placement", HOST_TAKEN)
-            leases[name] = lease
+                raise _NotPlaced(f"agent {agent_id} was taken by another placement", HOST_TAKEN)
+            leases[agent_id] = lease
         return leases
 
     def _attempts(self, gang: Gang) -> dict[int, int]:

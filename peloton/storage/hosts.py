@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import delete, select, tuple_
 
 from peloton.hostmgr.hosts import HostRecord, HostState
 from peloton.jobmgr.records import attempt_id
@@ -33,6 +33,7 @@ def host_record(row: HostRow) -> HostRecord:
 def _values(host: HostRecord) -> dict[str, object]:
     return {
         "agent_id": host.agent_id,
+        "hostname": host.hostname,
         "state": host.state.value,
         "cpu": host.total.cpu,
         "mem_mb": host.total.mem_mb,
@@ -53,22 +54,24 @@ class SqlHostStore:
 
     def load_hosts(self) -> list[HostRecord]:
         with self._db.reading() as session:
-            rows = session.scalars(select(HostRow).order_by(HostRow.hostname))
+            rows = session.scalars(select(HostRow).order_by(HostRow.hostname, HostRow.agent_id))
             return [host_record(r) for r in rows]
 
-    def save_hosts(self, hosts: Sequence[HostRecord]) -> None:
+    def save_hosts(self, hosts: Sequence[HostRecord], remove: Sequence[str] = ()) -> None:
         with self._db.writing() as session:
+            if remove:
+                session.execute(delete(HostRow).where(HostRow.agent_id.in_(remove)))
             existing = {
-                row.hostname: row
+                row.agent_id: row
                 for row in session.scalars(
-                    select(HostRow).where(HostRow.hostname.in_([h.hostname for h in hosts]))
+                    select(HostRow).where(HostRow.agent_id.in_([h.agent_id for h in hosts]))
                 )
             }
             for host in hosts:
                 values = _values(host)
-                row = existing.get(host.hostname)
+                row = existing.get(host.agent_id)
                 if row is None:
-                    session.add(HostRow(hostname=host.hostname, **values))
+                    session.add(HostRow(**values))
                 else:
                     for key, value in values.items():
                         setattr(row, key, value)

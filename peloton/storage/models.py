@@ -194,8 +194,9 @@ class HostRow(Base):
 
     __tablename__ = "hosts"
 
-    hostname: Mapped[str] = mapped_column(String(255), primary_key=True)
-    agent_id: Mapped[str] = mapped_column(String(255))
+    # Mesos registers several agents under one hostname: the agent id is the key.
+    agent_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255), index=True)
     # UP, DRAINING or DOWN (peloton.hostmgr.hosts.HostState).
     state: Mapped[str] = mapped_column(String(16))
     cpu: Mapped[float] = mapped_column(Float)

@@ -22,7 +22,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class Host(_message.Message):
-    """A Mesos agent peloton knows. Mesos offers only show free resources, so `total` is the most the
+    """A Mesos agent peloton knows, keyed by agent id (several agents may share a hostname). Mesos offers only show free resources, so `total` is the most the
     agent ever offered at once; `used` is what peloton's running tasks hold.
     """
 
@@ -144,6 +144,9 @@ class GetHostRequest(_message.Message):
 
     HOSTNAME_FIELD_NUMBER: _builtins.int
     hostname: _builtins.str
+    """A hostname, or an agent id: agents that share a hostname are named by agent id (a shared
+    hostname is refused with FAILED_PRECONDITION).
+    """
     def __init__(
         self,
         *,
@@ -183,6 +186,9 @@ class DrainHostRequest(_message.Message):
 
     HOSTNAME_FIELD_NUMBER: _builtins.int
     hostname: _builtins.str
+    """A hostname, or an agent id: agents that share a hostname are named by agent id (a shared
+    hostname is refused with FAILED_PRECONDITION).
+    """
     def __init__(
         self,
         *,
@@ -222,6 +228,9 @@ class UndrainHostRequest(_message.Message):
 
     HOSTNAME_FIELD_NUMBER: _builtins.int
     hostname: _builtins.str
+    """A hostname, or an agent id: agents that share a hostname are named by agent id (a shared
+    hostname is refused with FAILED_PRECONDITION).
+    """
     def __init__(
         self,
         *,
