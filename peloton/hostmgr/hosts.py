@@ -150,10 +150,9 @@ class HostRegistry:
 
     def _supersede(self, new: HostRecord) -> None:
         for agent_id, h in list(self._hosts.items()):
-            if (
-                h.state == HostState.DOWN
-                and (h.hostname, h.address) == (new.hostname, new.address)
-                and not self._usage.by_host.get(agent_id)
+            if h.state == HostState.DOWN and (h.hostname, h.address) == (
+                new.hostname,
+                new.address,
             ):
                 del self._hosts[agent_id]
                 self._superseded.append(agent_id)
