@@ -58,11 +58,12 @@ def test_mismatch_raises_on_every_rank_naming_tensor_and_ranks() -> None:
 def killed_rank(victim: int, nbytes: int) -> str:
     """The victim SIGKILLs itself; the others keep allreducing until they are told."""
     r = pc.rank()
-    pc.allreduce(np.ones(8, np.float32), name="warmup")
-    if r == victim:
-        os.kill(os.getpid(), signal.SIGKILL)
     start = time.monotonic()
     try:
+        # The victim may die before the others have the warmup's result: they raise there.
+        pc.allreduce(np.ones(8, np.float32), name="warmup")
+        if r == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
         for i in range(1000):
             pc.allreduce(np.ones(nbytes // 4, np.float32), name=f"grad.{i}")
     except pc.CollectiveError as exc:
