@@ -45,15 +45,23 @@ T = TypeVar("T")
 # ---------------------------------------------------------------------------- waiting
 
 
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02) -> T:
-    """Poll ``check`` until it returns something other than None/False, or fail at the deadline."""
+def wait_for(
+    check: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    interval: float = 0.02,
+    state: Callable[[], object] | None = None,
+) -> T:
+    """Poll ``check`` until it returns something other than None/False, or fail at the deadline
+    (with what ``state()`` says then, if given)."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value is not None and value is not False:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            seen = f"; the state then: {state()}" if state is not None else ""
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{seen}")
         time.sleep(interval)
 
 
@@ -280,9 +288,19 @@ DONE = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE
 
 
 class Peloton:
-    """A daemon process against the cluster, restartable on the same database."""
+    """A daemon process against the cluster, restartable on the same database.
 
-    def __init__(self, db_url: str, cluster: Minicluster, workdir: Path) -> None:
+    ``cluster``: a minicluster or a master's host:port; ``extra_args``: more ``peloton server``
+    flags (e.g. ``--mesos-role``)."""
+
+    def __init__(
+        self,
+        db_url: str,
+        cluster: Minicluster | str,
+        workdir: Path,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        master = cluster if isinstance(cluster, str) else cluster.address
         self.args = [
             "--db-url",
             db_url,
@@ -291,13 +309,14 @@ class Peloton:
             "--metrics-port",
             "0",
             "--mesos-master",
-            cluster.address,
+            master,
             "--reconcile-interval-seconds",
             "5",
             "--offer-refuse-seconds",
             "1",
             "--log-format",
             "text",
+            *extra_args,
         ]
         self.workdir = workdir
         self.runs = 0

@@ -6,17 +6,23 @@ stay in the test's tmp_path.
 
 ``mesos``: the cluster a scenario runs on: the master named by ``PELOTON_TEST_MESOS_MASTER`` (an
 operator's cluster, left as it is) or, when that is unset, a fresh local real cluster of two agents
-(``cpus:8;mem:16384;disk:20000;gpus:4``, racks r1 and r2, A100).
+``agent-0`` and ``agent-1`` (``cpus:8;mem:16384;disk:20000;gpus:4``, ports 31000-31499 and
+31500-31999, racks r1 and r2, A100).
+
+``make_peloton(cluster, *flags)`` / ``peloton``: ``peloton server`` processes, frameworks of a
+cluster under a unique name; each is stopped and its framework torn down after the test.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon import Peloton, wait_for
 from realcluster import RealCluster, start_real_cluster
 
 MASTER_ENV = "PELOTON_TEST_MESOS_MASTER"
@@ -52,6 +58,80 @@ def mesos(real_cluster: RealClusterFactory) -> RealCluster:
         return RealCluster.attach(master)
     return real_cluster(
         agents=2,
-        attributes="rack:r1;gpu_model:A100",
-        per_agent={1: {"attributes": "rack:r2;gpu_model:A100"}},
+        per_agent={
+            i: {
+                "hostname": f"agent-{i}",
+                "attributes": f"rack:r{i + 1};gpu_model:A100",
+                "resources": agent_resources(i, "cpus:8;mem:16384;disk:20000;gpus:4"),
+            }
+            for i in range(2)
+        },
     )
+
+
+def agent_resources(index: int, resources: str, ports: int = 500) -> str:
+    """``resources`` plus agent ``index``'s own block of ``ports`` ports from 31000: the local
+    cluster's agents all have the address 127.0.0.1, so like agents sharing a machine they need
+    disjoint port ranges (else two tasks may be given the same address in PELOTON_PEERS)."""
+    first = 31000 + index * ports
+    return f"{resources};ports:[{first}-{first + ports - 1}]"
+
+
+class MesosPeloton(Peloton):
+    """A ``peloton server`` process framework of a real master, under a name of its own (so an
+    operator's cluster may run other pelotons) and with a short failover timeout."""
+
+    def __init__(
+        self, db_url: str, cluster: RealCluster, workdir: Path, extra_args: Sequence[str] = ()
+    ) -> None:
+        self.cluster = cluster
+        self.framework_name = f"peloton-test-{uuid.uuid4().hex[:8]}"
+        args = ["--framework-name", self.framework_name, "--failover-timeout-seconds", "120"]
+        super().__init__(db_url, cluster.master, workdir, [*args, *extra_args])
+
+    def framework(self) -> dict[str, Any]:
+        """The master's record of this daemon's framework (waits until it has registered)."""
+
+        def registered() -> dict[str, Any] | None:
+            ours = [f for f in self.cluster.frameworks() if f["name"] == self.framework_name]
+            return ours[0] if ours else None
+
+        return wait_for(registered, 30, f"framework {self.framework_name} at the master", 0.1)
+
+    def close(self) -> None:
+        """Stop the daemon, then tear its framework down (its tasks end with it)."""
+        framework_id = self.framework()["id"] if self.proc.proc.poll() is None else ""
+        super().close()
+        if not framework_id:
+            ours = [f for f in self.cluster.frameworks() if f["name"] == self.framework_name]
+            framework_id = ours[0]["id"] if ours else ""
+        if framework_id:
+            self.cluster.teardown(framework_id)
+
+
+PelotonFactory = Callable[..., MesosPeloton]
+
+
+@pytest.fixture
+def make_peloton(
+    db_url: str, tmp_path: Path, real_cluster: RealClusterFactory
+) -> Iterator[PelotonFactory]:
+    """``make_peloton(cluster, *extra_server_flags)``: a started daemon on the test's database,
+    framework of ``cluster``; stopped and its framework torn down after the test (before any
+    local cluster stops: this fixture depends on ``real_cluster``)."""
+    started: list[MesosPeloton] = []
+
+    def make(cluster: RealCluster, *extra_args: str) -> MesosPeloton:
+        p = MesosPeloton(db_url, cluster, tmp_path / f"daemon{len(started)}", extra_args)
+        started.append(p)
+        return p
+
+    yield make
+    for p in reversed(started):
+        p.close()
+
+
+@pytest.fixture
+def peloton(make_peloton: PelotonFactory, mesos: RealCluster) -> MesosPeloton:
+    """A daemon, framework of the ``mesos`` cluster."""
+    return make_peloton(mesos)

@@ -36,6 +36,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -213,6 +214,88 @@ class RealCluster:
     def outstanding_offers(self, framework_id: str) -> int:
         """How many offers the master shows as outstanding for the framework."""
         return len(self.framework(framework_id).get("offers", []))
+
+    def framework_metrics(self, framework_id: str) -> dict[str, float]:
+        """The master's metrics of a framework, by the key after its id: ``offers/sent``,
+        ``offers/declined``, ``offers/accepted``, ``roles/ROLE/suppressed``, ``calls/decline``..."""
+        marker = f"/{framework_id}/"
+        metrics: dict[str, float] = self.get("/metrics/snapshot")
+        return {
+            key.split(marker, 1)[1]: value
+            for key, value in metrics.items()
+            if key.startswith("master/frameworks/") and marker in key
+        }
+
+    def tasks_of(self, framework_id: str) -> list[dict[str, Any]]:
+        """Every task the master knows of a framework: active, unreachable and completed."""
+        fw = self.framework(framework_id)
+        return [*fw["tasks"], *fw.get("unreachable_tasks", []), *fw["completed_tasks"]]
+
+    def teardown(self, framework_id: str) -> None:
+        """Tear a framework down at the master (its tasks are killed); a framework the master
+        no longer has is fine."""
+        request = urllib.request.Request(
+            f"http://{self.master}/master/teardown",
+            data=f"frameworkId={framework_id}".encode(),
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10):
+                pass
+        except urllib.error.HTTPError as exc:
+            if exc.code != 400:  # 400: no such framework (already gone)
+                raise
+
+    # ------------------------------------------------------------ a local cluster's processes
+
+    def task_sandbox(self, task_id: str) -> Path:
+        """The sandbox of a task of a task group (``<executor sandbox>/tasks/<task_id>``, a link
+        to its container's directory, where its processes run)."""
+        self._local_only("task_sandbox")
+        pattern = f"agents/*/work/slaves/*/frameworks/*/executors/*/runs/latest/tasks/{task_id}"
+        found = sorted((self.home / "run" / "work").glob(pattern))
+        if not found:
+            raise AssertionError(f"no sandbox of task {task_id} under {self.home / 'run/work'}")
+        return found[0].resolve()
+
+    def processes_in(self, directory: Path) -> list[int]:
+        """The pids of the processes whose working directory is ``directory``."""
+        pids = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cwd = (proc / "cwd").resolve(strict=True)
+            except OSError:
+                continue
+            if cwd == directory:
+                pids.append(int(proc.name))
+        return pids
+
+    def task_processes(self, task_id: str) -> list[int]:
+        """The processes of a running task (the task's command and what it started)."""
+        return self.processes_in(self.task_sandbox(task_id))
+
+    def executor_processes(self, task_id: str) -> list[int]:
+        """The processes of the executor that runs ``task_id`` (the default executor)."""
+        return self.processes_in(self.task_sandbox(task_id).parent.parent)
+
+    def _local_only(self, what: str) -> None:
+        if not self.local:
+            raise RealClusterError(f"{what} needs a local cluster, not the master {self.master}")
+
+    def mark_agent_gone(self, agent_id: str) -> None:
+        """The operator API's MARK_AGENT_GONE: the master shuts the agent down for good and its
+        tasks end TASK_GONE_BY_OPERATOR (a lost agent, as partition-aware frameworks see it)."""
+        call = {"type": "MARK_AGENT_GONE", "mark_agent_gone": {"agent_id": {"value": agent_id}}}
+        request = urllib.request.Request(
+            f"http://{self.master}/api/v1",
+            data=json.dumps(call).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200, response.read()
 
     @property
     def logs(self) -> Path:
