@@ -6,11 +6,12 @@ BIN    := $(VENV)/bin
 PROTOS := $(wildcard proto/peloton/v1/*.proto)
 STAMP  := $(VENV)/.installed
 
-.PHONY: help dev proto proto-check lint test test-fast bench demo clean prometheus
+.PHONY: help dev proto proto-check lint test test-mesos test-fast bench demo clean prometheus
 
 help:
 	@echo "make dev          virtualenv in $(VENV), editable install with dev tools, generated code"
 	@echo "make test         the whole test suite (SQLite and PostgreSQL; starts local PostgreSQL, installs prometheus)"
+	@echo "make test-mesos   end to end on real Mesos (PELOTON_TEST_MESOS_MASTER, else local real clusters)"
 	@echo "make lint         ruff, mypy and the generated-code check"
 	@echo "make bench        benchmarks (figures go in BENCHMARKS.md)"
 	@echo "make demo         daemon on embedded SQLite: submit, list, restart, still there"
@@ -51,7 +52,13 @@ prometheus:
 
 test: $(STAMP) prometheus
 	scripts/ensure-postgres.sh
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --ignore=tests/mesos
+
+# Against PELOTON_TEST_MESOS_MASTER (host:port), else local real Mesos 1.11 clusters started from
+# ../shared/real-mesos (PELOTON_REAL_MESOS_DIR); see "Running on Mesos" in README.md.
+test-mesos: $(STAMP)
+	scripts/ensure-postgres.sh
+	$(BIN)/pytest -q tests/mesos
 
 bench: $(STAMP)
 	scripts/ensure-postgres.sh
