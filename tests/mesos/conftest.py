@@ -50,12 +50,9 @@ def fixture_real_cluster(tmp_path: Path) -> Iterator[RealClusterFactory]:
         cluster.stop()
 
 
-@pytest.fixture
-def mesos(real_cluster: RealClusterFactory) -> RealCluster:
-    """``PELOTON_TEST_MESOS_MASTER``'s master, else a local real cluster of two GPU agents."""
-    master = external_master()
-    if master:
-        return RealCluster.attach(master)
+def two_agents(real_cluster: RealClusterFactory, **kwargs: Any) -> RealCluster:
+    """A local real cluster of ``agent-0`` and ``agent-1``: ``cpus:8;mem:16384;disk:20000;gpus:4``
+    with their own ports, racks r1 and r2, A100."""
     return real_cluster(
         agents=2,
         per_agent={
@@ -66,7 +63,24 @@ def mesos(real_cluster: RealClusterFactory) -> RealCluster:
             }
             for i in range(2)
         },
+        **kwargs,
     )
+
+
+@pytest.fixture
+def local_cluster(real_cluster: RealClusterFactory) -> RealCluster:
+    """Always a local real cluster (:func:`two_agents`): for scenarios that reach into the
+    agents' processes or take an agent away."""
+    return two_agents(real_cluster)
+
+
+@pytest.fixture
+def mesos(real_cluster: RealClusterFactory) -> RealCluster:
+    """``PELOTON_TEST_MESOS_MASTER``'s master, else a local real cluster of two GPU agents."""
+    master = external_master()
+    if master:
+        return RealCluster.attach(master)
+    return two_agents(real_cluster)
 
 
 def agent_resources(index: int, resources: str, ports: int = 500) -> str:
