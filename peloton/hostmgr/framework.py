@@ -719,9 +719,22 @@ class _Callbacks(Scheduler):  # type: ignore[misc]
         self._safe(lambda: self._owner.on_agent_lost(agent_id["value"]))
 
     def executorLost(
-        self, driver: object, executor_id: object, agent_id: object, status: int
+        self,
+        driver: object,
+        executor_id: dict[str, Any],
+        agent_id: dict[str, Any],
+        status: int,
     ) -> None:
-        log.info("executor lost", extra={"executor_id": str(executor_id), "status": status})
+        self._safe(
+            lambda: log.info(
+                "executor lost",
+                extra={
+                    "executor_id": executor_id["value"],
+                    "agent_id": agent_id["value"],
+                    "status": status,
+                },
+            )
+        )
 
     def error(self, driver: object, message: str) -> None:
         self._safe(lambda: self._owner.on_error(message))
