@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +38,15 @@ def external_master() -> str:
 def fixture_real_cluster(tmp_path: Path) -> Iterator[RealClusterFactory]:
     """``real_cluster(agents=2, resources=..., per_agent=..., env=...)``: a started local real
     cluster, stopped after the test."""
-    started: list[RealCluster] = []
+    with ExitStack() as stack:  # each one stopped, even if stopping another fails
 
-    def make(*args: Any, **kwargs: Any) -> RealCluster:
-        kwargs.setdefault("base_dir", tmp_path)
-        cluster = start_real_cluster(*args, **kwargs)
-        started.append(cluster)
-        return cluster
+        def make(*args: Any, **kwargs: Any) -> RealCluster:
+            kwargs.setdefault("base_dir", tmp_path)
+            cluster = start_real_cluster(*args, **kwargs)
+            stack.callback(cluster.stop)
+            return cluster
 
-    yield make
-    for cluster in reversed(started):
-        cluster.stop()
+        yield make
 
 
 def two_agents(real_cluster: RealClusterFactory, **kwargs: Any) -> RealCluster:
@@ -114,13 +113,10 @@ class MesosPeloton(Peloton):
 
     def close(self) -> None:
         """Stop the daemon, then tear its framework down (its tasks end with it)."""
-        framework_id = self.framework()["id"] if self.proc.proc.poll() is None else ""
         super().close()
-        if not framework_id:
-            ours = [f for f in self.cluster.frameworks() if f["name"] == self.framework_name]
-            framework_id = ours[0]["id"] if ours else ""
-        if framework_id:
-            self.cluster.teardown(framework_id)
+        for fw in self.cluster.frameworks():
+            if fw["name"] == self.framework_name:
+                self.cluster.teardown(fw["id"])
 
 
 PelotonFactory = Callable[..., MesosPeloton]
@@ -133,16 +129,15 @@ def make_peloton(
     """``make_peloton(cluster, *extra_server_flags)``: a started daemon on the test's database,
     framework of ``cluster``; stopped and its framework torn down after the test (before any
     local cluster stops: this fixture depends on ``real_cluster``)."""
-    started: list[MesosPeloton] = []
+    with ExitStack() as stack:
+        count = iter(range(1000))
 
-    def make(cluster: RealCluster, *extra_args: str) -> MesosPeloton:
-        p = MesosPeloton(db_url, cluster, tmp_path / f"daemon{len(started)}", extra_args)
-        started.append(p)
-        return p
+        def make(cluster: RealCluster, *extra_args: str) -> MesosPeloton:
+            p = MesosPeloton(db_url, cluster, tmp_path / f"daemon{next(count)}", extra_args)
+            stack.callback(p.close)
+            return p
 
-    yield make
-    for p in reversed(started):
-        p.close()
+        yield make
 
 
 @pytest.fixture
