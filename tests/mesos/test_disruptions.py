@@ -14,8 +14,8 @@ import os
 import signal
 
 import pytest
-from conftest import MesosPeloton, PelotonFactory
 from daemon import wait_for
+from mesos_support import MesosPeloton, PelotonFactory
 from realcluster import RealCluster
 from support import make_spec
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import getpass
 
 import pytest
-from conftest import MesosPeloton
 from daemon import run_peloton, wait_for
+from mesos_support import MesosPeloton
 from realcluster import RealCluster
 from support import make_spec
 

@@ -4,8 +4,8 @@ peloton's role, and agents that share a hostname."""
 from __future__ import annotations
 
 import pytest
-from conftest import PelotonFactory, RealClusterFactory, agent_resources
 from daemon import run_peloton, wait_for
+from mesos_support import PelotonFactory, RealClusterFactory, agent_resources
 from realcluster import RealCluster
 from support import make_spec
 
