@@ -126,7 +126,17 @@ class MesosPeloton(Peloton):
             done, timeout, f"job {job_id} to end", 0.2, state=lambda: self.describe(job_id)
         )
 
+    def wait_running(self, job_id: str, timeout: float = 30) -> None:
+        """Until every task of the job is RUNNING (the states shown on timeout)."""
+
+        def running() -> bool:
+            tasks = self.client.list_tasks(job_id).tasks
+            return {t.state for t in tasks} == {job_pb2.TASK_STATE_RUNNING}
+
+        wait_for(running, timeout, "every task RUNNING", 0.1, state=lambda: self.describe(job_id))
+
     def describe(self, job_id: str) -> str:
+        """The job's and its tasks' states, and what the master holds for the framework."""
         job = self.client.get_job(job_id)
         tasks = [
             f"{t.instance_id}: {job_pb2.TaskState.Name(t.current.state)} attempt "
