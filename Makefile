@@ -55,10 +55,11 @@ test: $(STAMP) prometheus
 	$(BIN)/pytest -q --ignore=tests/mesos
 
 # Against PELOTON_TEST_MESOS_MASTER (host:port), else local real Mesos 1.11 clusters started from
-# ../shared/real-mesos (PELOTON_REAL_MESOS_DIR); see "Running on Mesos" in README.md.
+# ../shared/real-mesos (PELOTON_REAL_MESOS_DIR); PYTEST_ARGS, e.g. -m 'not disruptive', go to
+# pytest. See "Running on Mesos" in README.md.
 test-mesos: $(STAMP)
 	scripts/ensure-postgres.sh
-	$(BIN)/pytest -q tests/mesos
+	$(BIN)/pytest -q tests/mesos $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	scripts/ensure-postgres.sh

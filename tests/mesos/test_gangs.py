@@ -93,7 +93,7 @@ def test_a_user_the_agents_do_not_have_fails_the_job_naming_the_user(
     job_id = peloton.submit("true", 1, max_failures=0)
     job = peloton.wait_done(job_id)
     assert job.state == job_pb2.JOB_STATE_FAILED, job
-    assert "nosuchuser" in job.message, job.message
+    assert "No such user 'nosuchuser'" in job.message, job.message
     assert peloton.framework()["user"] == "nosuchuser"
 
 
