@@ -17,6 +17,8 @@ import base64
 import contextlib
 import http.client
 import json
+import os
+import pwd
 import socket
 import threading
 import time
@@ -38,6 +40,8 @@ EXECUTOR = [
 ]
 
 MiniclusterFactory = Callable[..., Minicluster]
+# Agents fail the executors of an unknown framework user: frameworks run as the tests' user.
+CURRENT_USER = pwd.getpwuid(os.getuid()).pw_name
 
 
 @pytest.fixture(name="make_minicluster")
@@ -77,9 +81,10 @@ def fixture_minicluster(make_minicluster: MiniclusterFactory) -> Minicluster:
 
 
 def framework_info(**extra: Any) -> dict[str, Any]:
-    """A FrameworkInfo with GPU_RESOURCES and PARTITION_AWARE (override with ``extra``)."""
+    """A FrameworkInfo of this process's user with GPU_RESOURCES and PARTITION_AWARE (override
+    with ``extra``)."""
     info: dict[str, Any] = {
-        "user": "test",
+        "user": CURRENT_USER,
         "name": "test-framework",
         "failover_timeout": 60.0,
         "capabilities": [{"type": "GPU_RESOURCES"}, {"type": "PARTITION_AWARE"}],

@@ -330,8 +330,12 @@ def test_invalid_task_groups_get_task_error(make_minicluster: Any) -> None:
 
     too_big = [task_info("v1", "true", cpus=3), task_info("v2", "true", cpus=3)]
     for status in _launch_error(sched, offer(), tasks=too_big, filters=refuse):
-        assert status["state"] == "TASK_ERROR" and "more resources" in status["message"]
-        assert "cpus:6.1 (only 4 offered)" in status["message"]
+        assert status["state"] == "TASK_ERROR"
+        assert status["message"].startswith(
+            "Total resources cpus(allocated: *):6.1; mem(allocated: *):160; "
+            "disk(allocated: *):10 required by task group and its executor are more than "
+            "available ports(allocated: *):[31000-31009]; cpus(allocated: *):4; "
+        )
 
     dup = [task_info("v1", "true"), task_info("v1", "true")]
     statuses = _launch_error(sched, offer(), tasks=dup, filters=refuse)
@@ -339,7 +343,7 @@ def test_invalid_task_groups_get_task_error(make_minicluster: Any) -> None:
 
     ports = [task_info("v1", "true", ports=[(40000, 40000)])]
     statuses = _launch_error(sched, offer(), tasks=ports, filters=refuse)
-    assert "ports:[40000-40000]" in statuses[0]["message"]
+    assert "ports(allocated: *):[40000-40000]" in statuses[0]["message"]
     assert mc.tasks() == []  # nothing half-launched
 
 

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from minicluster_support import (  # noqa: F401 (fixture)
+    CURRENT_USER,
     EXECUTOR,
     fixture_make_minicluster,
     fixture_minicluster,
@@ -83,7 +84,7 @@ def test_pymesos_driver_runs_a_task_group_and_survives_a_dropped_connection(
 ) -> None:
     sched = Recorder()
     info = {
-        "user": "",
+        "user": CURRENT_USER,  # an empty user fails every executor, as on real agents
         "name": "pymesos-test",
         "failover_timeout": 60.0,
         "capabilities": [{"type": "PARTITION_AWARE"}],

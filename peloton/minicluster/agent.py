@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import subprocess
 import threading
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from peloton.minicluster.master import Master
-from peloton.minicluster.model import Agent, Task
+from peloton.minicluster.model import Agent, Executor, Task
 
 # Read from a task's CommandInfo environment in simulated mode.
 SIM_DURATION_ENV = "PELOTON_SIM_DURATION"
@@ -37,6 +38,31 @@ def command_env(info: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def lookup_user(executor: Executor) -> tuple[pwd.struct_passwd | None, str]:
+    """(the executor's user, '') or (None, why its directory cannot be made), in a Mesos
+    agent's words (``--switch_user``, its default: an empty or unknown user fails the executor).
+    """
+    try:
+        return pwd.getpwnam(executor.user), ""
+    except KeyError:
+        return None, _directory_error(executor, f"No such user '{executor.user}'")
+
+
+def _directory_error(executor: Executor, why: str) -> str:
+    directory = executor.directory or Path(
+        "frameworks",
+        executor.framework_id,
+        "executors",
+        executor.executor_id,
+        "runs",
+        executor.run_id,
+    )
+    return (
+        f"Failed to create executor directory '{directory}': "
+        f"Failed to chown directory to '{executor.user}': {why}"
+    )
+
+
 def task_sandbox(task: Task) -> Path | None:
     """A task's sandbox: its own dir under the default executor's run dir (a nested container),
     or the command executor's run dir."""
@@ -48,24 +74,58 @@ def task_sandbox(task: Task) -> Path | None:
 
 class ProcessRunner:
     """Each task is ``sh -c value`` (or ``value`` with ``arguments``) in its own session, so a
-    kill reaches everything it started; stdout and stderr go to files in its sandbox."""
+    kill reaches everything it started; stdout and stderr go to files in its sandbox.
+
+    As a Mesos agent with ``--switch_user`` (its default): the executor's directory is owned by
+    the framework's user (a command task's CommandInfo.user if set), an empty or unknown user
+    fails the executor, and when the agent runs as root its tasks run as that user (its uid,
+    gid and groups); an agent that is not root can only run tasks as itself.
+    """
 
     def __init__(self, master: Master) -> None:
         self.master = master
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
 
+    def prepare(self, executor: Executor) -> str:
+        user, error = lookup_user(executor)
+        if user is None:
+            return error
+        directory = executor.directory
+        assert directory is not None
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"Failed to create executor directory '{directory}': {exc.strerror}"
+        if user.pw_uid == os.geteuid():
+            return ""
+        try:
+            os.chown(directory, user.pw_uid, user.pw_gid)
+        except OSError as exc:
+            return _directory_error(executor, f"Failed to chown '{directory}': {exc.strerror}")
+        groups = os.getgrouplist(user.pw_name, user.pw_gid)
+        executor.run_as = (user.pw_uid, user.pw_gid, tuple(groups))
+        return ""
+
     def start(self, agent: Agent, task: Task) -> None:
         sandbox = task_sandbox(task)
         assert sandbox is not None and task.executor.directory is not None
+        run_as = task.executor.run_as
         try:
             sandbox.mkdir(parents=True, exist_ok=True)
             _link_latest(task.executor.directory)
+            for path in (sandbox, sandbox / "stdout", sandbox / "stderr"):
+                path.touch()
+                if run_as is not None:
+                    os.chown(path, run_as[0], run_as[1])
         except OSError as exc:
             self.master.task_exited(task, None, f"Failed to create the sandbox: {exc}")
             return
         task.sandbox = sandbox
         self.master.agent_update(task, "TASK_STARTING")
         argv, executable = _argv(task.info)
+        switch: dict[str, Any] = {}
+        if run_as is not None:
+            switch = {"user": run_as[0], "group": run_as[1], "extra_groups": list(run_as[2])}
         try:
             with open(sandbox / "stdout", "ab") as out, open(sandbox / "stderr", "ab") as err:
                 proc = subprocess.Popen(
@@ -77,6 +137,7 @@ class ProcessRunner:
                     stdout=out,
                     stderr=err,
                     start_new_session=True,
+                    **switch,
                 )
         except OSError as exc:
             self.master.task_exited(task, None, f"Failed to launch the command: {exc}")
@@ -187,6 +248,10 @@ class SimulatedRunner:
     def __init__(self, master: Master, task_duration: TaskDuration | None = None) -> None:
         self.master = master
         self.task_duration = task_duration
+
+    def prepare(self, executor: Executor) -> str:
+        """No directory, no processes: only an empty or unknown user fails the executor."""
+        return lookup_user(executor)[1]
 
     def start(self, agent: Agent, task: Task) -> None:
         self.master.agent_update(task, "TASK_STARTING")

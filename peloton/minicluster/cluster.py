@@ -70,6 +70,7 @@ class Minicluster:
         self._server: MasterServer | None = None
         self._agent_servers: dict[str, AgentServer] = {}
         self._real_agents = 0  # real agents ever added: the next one's loopback address
+        self._agent_dirs: set[Path] = set()
         self._stop_lock = threading.Lock()
         self._stopped = False
 
@@ -81,6 +82,8 @@ class Minicluster:
             raise RuntimeError("minicluster already started")
         if not self.simulated and self._work_dir is None:
             self._work_dir = Path(tempfile.mkdtemp(prefix="minicluster-"))
+            # Tasks that run as the framework's user reach their sandboxes through it.
+            self._work_dir.chmod(0o755)
             self._own_work_dir = True
         self._timers = Timers(name="minicluster-timers")
         master = Master(
@@ -162,8 +165,7 @@ class Minicluster:
         master = self.master
         if self.simulated or self._work_dir is None:
             return master.add_agent(spec, self._host, master.port, None).id
-        directory = self._work_dir / "agents" / spec.hostname
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = self._agent_dir(spec.hostname)
         ip = self._agent_ip()
         server = AgentServer(directory, ip)
         try:
@@ -174,6 +176,19 @@ class Minicluster:
         self._agent_servers[agent.id] = server
         return agent.id
 
+    def _agent_dir(self, hostname: str) -> Path:
+        """A new agent's work dir: ``agents/HOSTNAME``, or ``agents/HOSTNAME.2``, ... when
+        other agents of this cluster share the hostname."""
+        assert self._work_dir is not None
+        base = self._work_dir / "agents" / hostname
+        directory, n = base, 1
+        while directory in self._agent_dirs:
+            n += 1
+            directory = base.with_name(f"{hostname}.{n}")
+        self._agent_dirs.add(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
     def _agent_ip(self) -> str:
         """The next real agent's address: its own loopback address on the default host."""
         if self._host != "127.0.0.1":
@@ -181,24 +196,34 @@ class Minicluster:
         n, self._real_agents = self._real_agents, self._real_agents + 1
         return f"127.0.{1 + n // 250}.{1 + n % 250}"
 
-    def agent_id(self, hostname: str) -> str:
+    def agent_ids(self, hostname: str | None = None) -> list[str]:
+        """The ids of the registered agents (of ``hostname`` if given), oldest first."""
         with self.master.lock:
-            return self.master.agent_by_hostname(hostname).id
+            agents = self.master.agents.values()
+            return [a.id for a in agents if hostname is None or a.hostname == hostname]
 
-    def agent_address(self, hostname: str) -> str:
-        """An agent's HTTP ``host:port`` (``/files/read`` is served there in real mode)."""
+    def agent_id(self, agent: str) -> str:
+        """The id of the agent ``agent`` names: its hostname (when no other agent shares it) or
+        its id. KeyError otherwise, naming the agents that share the hostname."""
         with self.master.lock:
-            agent = self.master.agent_by_hostname(hostname)
-            return f"{agent.ip}:{agent.port}"
+            return self.master.find_agent(agent).id
 
-    def kill_agent(self, hostname: str) -> None:
+    def agent_address(self, agent: str) -> str:
+        """An agent's HTTP ``host:port`` (``/files/read`` is served there in real mode);
+        ``agent`` is a hostname or an agent id, as for :meth:`agent_id`."""
+        with self.master.lock:
+            found = self.master.find_agent(agent)
+            return f"{found.ip}:{found.port}"
+
+    def kill_agent(self, agent: str) -> None:
         """The agent dies: its processes are killed, its offers rescinded, its tasks become
-        UNREACHABLE (LOST to frameworks that are not partition-aware), frameworks get FAILURE."""
+        UNREACHABLE (LOST to frameworks that are not partition-aware), frameworks get FAILURE.
+        ``agent`` is a hostname or an agent id, as for :meth:`agent_id`."""
         master = self.master
         with master.lock:
-            agent = master.agent_by_hostname(hostname)
-            master.remove_agent(agent, "the agent was killed")
-        server = self._agent_servers.pop(agent.id, None)
+            found = master.find_agent(agent)
+            master.remove_agent(found, "the agent was killed")
+        server = self._agent_servers.pop(found.id, None)
         if server is not None:
             server.stop()
 

@@ -89,6 +89,11 @@ class Runner(Protocol):
     """Runs tasks on agents: real processes or a simulation. Called under the master lock; it
     reports through :meth:`Master.agent_update` and :meth:`Master.task_exited`."""
 
+    def prepare(self, executor: Executor) -> str:
+        """Make a new executor's run directory, owned by its user; '' or why it cannot be
+        (the agent then fails its tasks)."""
+        ...
+
     def start(self, agent: Agent, task: Task) -> None: ...
 
     def kill(self, task: Task, grace: float) -> None: ...
@@ -175,8 +180,7 @@ class Master:
         self.wallclock = wallclock
         self.runner: Runner | None = None
         self.agents: dict[str, Agent] = {}
-        self._by_hostname: dict[str, str] = {}
-        self._json_cache: dict[tuple[ResourceSet, str | None], str] = {}
+        self._json_cache: dict[tuple[ResourceSet, str | None, bool], str] = {}
         self._attribute_cache: dict[str, list[dict[str, Any]]] = {}
         self._attribute_text: dict[str, str] = {}
         self.generation = 0
@@ -244,10 +248,9 @@ class Master:
     # ------------------------------------------------------------------ agents
 
     def add_agent(self, spec: AgentSpec, ip: str, port: int, directory: Path | None) -> Agent:
-        """Register an agent (resources and attributes from its spec)."""
+        """Register an agent (resources and attributes from its spec). Agents may share a
+        hostname, as Mesos agents on one machine do: each has its own agent id."""
         with self.lock:
-            if spec.hostname in self._by_hostname:
-                raise ValueError(f"an agent named {spec.hostname} is already registered")
             n = next(self._agent_seq)
             total = spec.total()
             agent = Agent(
@@ -267,7 +270,6 @@ class Master:
                 f'"attributes":{self._attribute_text[spec.attributes]}'
             )
             self.agents[agent.id] = agent
-            self._by_hostname[agent.hostname] = agent.id
             self._refresh(agent)
             self._request_allocation()
             self._notify()
@@ -281,11 +283,19 @@ class Master:
             self._attribute_text[text] = json.dumps(found, separators=(",", ":"))
         return found
 
-    def agent_by_hostname(self, hostname: str) -> Agent:
-        agent_id = self._by_hostname.get(hostname)
-        if agent_id is None:
-            raise KeyError(f"no agent named {hostname}")
-        return self.agents[agent_id]
+    def find_agent(self, ref: str) -> Agent:
+        """The agent of id ``ref``, or the one agent of hostname ``ref``; KeyError if none, or if
+        several agents share that hostname (the message lists their ids)."""
+        found = self.agents.get(ref)
+        if found is not None:
+            return found
+        named = [a for a in self.agents.values() if a.hostname == ref]
+        if not named:
+            raise KeyError(f"no agent named {ref}")
+        if len(named) > 1:
+            ids = ", ".join(a.id for a in named)
+            raise KeyError(f"{ref} names {len(named)} agents ({ids}): give an agent id")
+        return named[0]
 
     def remove_agent(self, agent: Agent, why: str) -> None:
         """The agent is gone (killed): its tasks are UNREACHABLE (LOST to frameworks that are not
@@ -323,7 +333,6 @@ class Master:
             agent.tasks.clear()
             agent.executors.clear()
             del self.agents[agent.id]
-            del self._by_hostname[agent.hostname]
             self._offerable.discard(agent.id)
             failure = encode_event({"type": "FAILURE", "failure": {"agent_id": _id(agent.id)}})
             for fw in self.frameworks.values():
@@ -588,7 +597,7 @@ class Master:
             remaining = remaining + offer.resources
             agent.offered = agent.offered - offer.resources
         for op in operations:
-            remaining = self._operation(fw, agent, op, remaining)
+            remaining = self._operation(fw, agent, op, remaining, offers[0].role)
         if not remaining.is_empty():
             refuse = _refuse_seconds(body.get("filters"))
             if refuse > 0:
@@ -626,7 +635,12 @@ class Master:
                 )
 
     def _operation(
-        self, fw: Framework, agent: Agent, op: dict[str, Any], remaining: ResourceSet
+        self,
+        fw: Framework,
+        agent: Agent,
+        op: dict[str, Any],
+        remaining: ResourceSet,
+        offer_role: str,
     ) -> ResourceSet:
         """Apply one operation of an ACCEPT; the resources left for the next."""
 
@@ -636,12 +650,17 @@ class Master:
         kind = op.get("type")
         if kind == "LAUNCH":
             infos = (op.get("launch") or {}).get("task_infos")
-            planned, errors, remaining = plan_launch(infos, agent.id, remaining, in_use)
+            planned, errors, remaining = plan_launch(infos, agent.id, remaining, in_use, offer_role)
             for task_id, message in errors:
-                self._master_update(fw, task_id, "TASK_ERROR", "REASON_TASK_INVALID", message)
+                self._master_update(
+                    fw, task_id, "TASK_ERROR", "REASON_TASK_INVALID", message, agent.id
+                )
             for p in planned:
-                executor = self._executor(agent, fw, p.task_id, ResourceSet(), group=False)
+                executor = self._executor(
+                    agent, fw, p.task_id, ResourceSet(), False, _command_user(p.info) or fw.user
+                )
                 self._launch(agent, executor, p.info, p.task_id, p.resources)
+                self._drop_if_not_started(executor)
             return remaining
         if kind == "LAUNCH_GROUP":
             body = op.get("launch_group")
@@ -653,26 +672,34 @@ class Master:
                     remaining,
                     in_use,
                     lambda eid: (fw.id, eid) in agent.executors,
+                    offer_role,
                 )
             except Invalid as exc:
                 for task_id in _operation_task_ids(op):
                     self._master_update(
-                        fw, task_id, "TASK_ERROR", "REASON_TASK_GROUP_INVALID", str(exc)
+                        fw, task_id, "TASK_ERROR", "REASON_TASK_GROUP_INVALID", str(exc), agent.id
                     )
                 return remaining
             executor = self._executor(
-                agent, fw, plan.executor_id, plan.executor_resources, group=True
+                agent, fw, plan.executor_id, plan.executor_resources, True, fw.user
             )
             remaining = remaining - plan.executor_resources
             for p in plan.tasks:
                 remaining = remaining - p.resources
                 self._launch(agent, executor, p.info, p.task_id, p.resources)
+            self._drop_if_not_started(executor)
             return remaining
         log.warning("unsupported offer operation ignored", extra={"type": kind})
         return remaining
 
     def _executor(
-        self, agent: Agent, fw: Framework, executor_id: str, resources: ResourceSet, group: bool
+        self,
+        agent: Agent,
+        fw: Framework,
+        executor_id: str,
+        resources: ResourceSet,
+        group: bool,
+        user: str,
     ) -> Executor:
         key = (fw.id, executor_id)
         executor = agent.executors.get(key)
@@ -683,9 +710,11 @@ class Master:
                 directory = (
                     agent.directory / "frameworks" / fw.id / "executors" / executor_id / "runs"
                 ) / run_id
-            executor = Executor(executor_id, fw.id, resources, run_id, directory, group)
+            executor = Executor(executor_id, fw.id, resources, run_id, directory, group, user=user)
             agent.executors[key] = executor
             agent.used = agent.used + resources
+            assert self.runner is not None
+            executor.launch_error = self.runner.prepare(executor)
         return executor
 
     def _launch(
@@ -713,6 +742,8 @@ class Master:
         executor.tasks[task_id] = task
         self.tasks[key] = task
         self.unreachable.pop(key, None)
+        if executor.launch_error:
+            return  # the caller drops it, with the rest of its group
         assert self.runner is not None
         self.runner.start(agent, task)
         limit = _seconds(info.get("max_completion_time"))
@@ -753,12 +784,10 @@ class Master:
             if fw.suppressed.issuperset(fw.roles):
                 continue
             role = next(r for r in fw.roles if r not in fw.suppressed)
-            # Mesos strips allocation_info from offers to frameworks without MULTI_ROLE.
-            alloc_role = role if "MULTI_ROLE" in fw.capabilities else None
             fw_json = json.dumps(_id(fw.id))
             offers = [
-                self._make_offer(fw, fw_json, agent, alloc_role)
-                for agent in self._candidates(fw, now)
+                self._make_offer(fw, fw_json, agent, role, resources)
+                for agent, resources in self._candidates(fw, role, now)
             ]
             if offers:
                 # Assembled from pre-encoded pieces: 10,000 offers in one event stay cheap.
@@ -766,46 +795,61 @@ class Master:
                 fw.send(encode(event.encode("utf-8")))
         self._notify()
 
-    def _candidates(self, fw: Framework, now: float) -> Iterable[Agent]:
+    def _candidates(
+        self, fw: Framework, role: str, now: float
+    ) -> Iterable[tuple[Agent, ResourceSet]]:
+        """Agents with something to offer ``fw`` for ``role`` (the unreserved part of what is
+        free and what is reserved for ``role``), and that."""
         gpu_ok = "GPU_RESOURCES" in fw.capabilities
         for agent_id in list(self._offerable):
             agent = self.agents[agent_id]
             if not gpu_ok and agent.total.scalar("gpus") > 0:
                 continue  # as Mesos: no offers at all from GPU agents without GPU_RESOURCES
+            offerable = agent.free.for_role(role)
+            if offerable.is_empty():
+                continue  # only reservations of other roles are free
             refused = fw.filters.get(agent_id)
             if refused is not None:
                 if refused.until <= now:
                     del fw.filters[agent_id]
-                elif refused.resources.contains(agent.free):
+                elif refused.resources.contains(offerable):
                     continue
-            yield agent
+            yield agent, offerable
 
-    def _make_offer(self, fw: Framework, fw_json: str, agent: Agent, alloc_role: str | None) -> str:
-        """Offer all of the agent's free resources to ``fw``; the offer's JSON."""
-        resources = agent.free
-        offer = Offer(f"{self.id}-O{next(self._offer_seq)}", fw.id, agent.id, resources)
+    def _make_offer(
+        self, fw: Framework, fw_json: str, agent: Agent, role: str, resources: ResourceSet
+    ) -> str:
+        """Offer ``resources`` (all the agent has free for ``role``) to ``fw``; the offer's
+        JSON, as Mesos 1.11 shows it to ``fw`` (allocation_info only with MULTI_ROLE)."""
+        offer = Offer(f"{self.id}-O{next(self._offer_seq)}", fw.id, agent.id, resources, role)
         self.offers[offer.id] = offer
         fw.offers.add(offer.id)
         agent.offered = resources if agent.offered.is_empty() else agent.offered + resources
-        agent.free = ResourceSet()
-        self._offerable.discard(agent.id)
+        if resources is agent.free:
+            agent.free = ResourceSet()
+            self._offerable.discard(agent.id)
+        else:
+            self._refresh(agent)
+        alloc_role = role if "MULTI_ROLE" in fw.capabilities else None
         alloc = ""
         if alloc_role is not None:
             alloc = ',"allocation_info":' + json.dumps({"role": alloc_role})
         return (
             f'{{"id":{{"value":"{offer.id}"}},"framework_id":{fw_json},'
             f'"agent_id":{{"value":"{agent.id}"}},{agent.offer_json},'
-            f'"resources":{self._resources_json(resources, alloc_role)}{alloc}}}'
+            f'"resources":{self._resources_json(resources, alloc_role, fw.refinement)}{alloc}}}'
         )
 
-    def _resources_json(self, resources: ResourceSet, alloc_role: str | None) -> str:
+    def _resources_json(
+        self, resources: ResourceSet, alloc_role: str | None, refinement: bool
+    ) -> str:
         """Resources as offer JSON, cached: idle agents of one kind share the same text."""
-        key = (resources, alloc_role)
+        key = (resources, alloc_role, refinement)
         text = self._json_cache.get(key)
         if text is None:
             if len(self._json_cache) > 10_000:
                 self._json_cache.clear()
-            text = json.dumps(resources.to_json("*", alloc_role), separators=(",", ":"))
+            text = json.dumps(resources.to_json(alloc_role, refinement), separators=(",", ":"))
             self._json_cache[key] = text
         return text
 
@@ -869,21 +913,35 @@ class Master:
         return status
 
     def _master_update(
-        self, fw: Framework, task_id: str, state: str, reason: str, message: str
+        self,
+        fw: Framework,
+        task_id: str,
+        state: str,
+        reason: str,
+        message: str,
+        agent_id: str | None = None,
     ) -> None:
-        status = self._status(task_id, state, "SOURCE_MASTER", reason=reason, message=message)
+        status = self._status(
+            task_id, state, "SOURCE_MASTER", agent_id=agent_id, reason=reason, message=message
+        )
         fw.send(encode_event({"type": "UPDATE", "update": {"status": status}}))
 
     def agent_update(
-        self, task: Task, state: str, message: str = "", reason: str | None = None
+        self,
+        task: Task,
+        state: str,
+        message: str = "",
+        reason: str | None = None,
+        source: str = "SOURCE_EXECUTOR",
     ) -> None:
-        """The task's executor reports a new state (runners call this, under the lock)."""
+        """The task's executor (or agent) reports a new state (runners call this, under the
+        lock)."""
         if task.terminal or task.abandoned:
             return
         status = self._status(
             task.task_id,
             state,
-            "SOURCE_EXECUTOR",
+            source,
             agent_id=task.agent_id,
             executor_id=task.executor.executor_id,
             reason=reason,
@@ -903,6 +961,19 @@ class Master:
         if state in ("TASK_FAILED", "TASK_KILLED"):
             self._take_group_down(task, state, message)
         self._notify()
+
+    def _drop_if_not_started(self, executor: Executor) -> None:
+        """The agent could not start the executor (as a Mesos agent that cannot create the
+        executor's directory for its user): each of its tasks is TASK_DROPPED (TASK_LOST if the
+        framework is not partition-aware), REASON_EXECUTOR_TERMINATED, from the agent."""
+        if not executor.launch_error:
+            return
+        fw = self.frameworks.get(executor.framework_id)
+        state = "TASK_DROPPED" if fw is not None and fw.partition_aware else "TASK_LOST"
+        for task in list(executor.tasks.values()):
+            self.agent_update(
+                task, state, executor.launch_error, "REASON_EXECUTOR_TERMINATED", "SOURCE_AGENT"
+            )
 
     def task_exited(self, task: Task, returncode: int | None, error: str = "") -> None:
         """A task's process ended (``returncode`` as Popen: negative is a signal); or could not
@@ -961,11 +1032,13 @@ class Master:
             agent.executors.pop((executor.framework_id, executor.executor_id), None)
             failed = any(t.state != "TASK_FINISHED" for t in executor.tasks.values())
             fw = self.frameworks.get(executor.framework_id)
-            if fw is not None:
+            # An executor that never started is reported only for a task group (Mesos 1.11:
+            # status -1 then, and nothing for a command task's).
+            if fw is not None and (executor.group or not executor.launch_error):
                 failure = {
                     "agent_id": _id(agent.id),
                     "executor_id": _id(executor.executor_id),
-                    "status": 1 if failed else 0,
+                    "status": -1 if executor.launch_error else 1 if failed else 0,
                 }
                 fw.send(encode_event({"type": "FAILURE", "failure": failure}))
         self._refresh(agent)
@@ -1082,6 +1155,7 @@ class Master:
             "roles": list(fw.roles),
             "capabilities": sorted(fw.capabilities),
             "failover_timeout": fw.failover_timeout,
+            "user": fw.user,
             "offers": [{"id": o, "agent_id": self.offers[o].agent_id} for o in sorted(fw.offers)],
             "tasks": [
                 {
@@ -1103,6 +1177,8 @@ def _agent_state(agent: Agent) -> dict[str, Any]:
         "hostname": agent.hostname,
         "pid": f"slave({agent.path[7:-1]})@{agent.ip}:{agent.port}",
         "resources": agent.total.to_state(),
+        "reserved_resources": agent.total.reserved_state(),
+        "unreserved_resources": agent.total.unreserved().to_state(),
         "used_resources": agent.used.to_state(),
         "offered_resources": agent.offered.to_state(),
         "attributes": {
@@ -1111,6 +1187,12 @@ def _agent_state(agent: Agent) -> dict[str, Any]:
         },
         "active": True,
     }
+
+
+def _command_user(info: dict[str, Any]) -> str:
+    command = info.get("command")
+    user = command.get("user") if isinstance(command, dict) else None
+    return user if isinstance(user, str) else ""
 
 
 def _error_event(message: str) -> bytes:

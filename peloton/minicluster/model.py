@@ -95,6 +95,16 @@ class Framework:
         return (str(self.info.get("role") or "*"),)
 
     @property
+    def refinement(self) -> bool:
+        """Whether it sees reservations refined (``reservations``) rather than ``role``."""
+        return "RESERVATION_REFINEMENT" in self.capabilities
+
+    @property
+    def user(self) -> str:
+        value = self.info.get("user", "")
+        return value if isinstance(value, str) else ""
+
+    @property
     def partition_aware(self) -> bool:
         return "PARTITION_AWARE" in self.capabilities
 
@@ -114,6 +124,7 @@ class Offer:
     framework_id: str
     agent_id: str
     resources: ResourceSet
+    role: str = "*"  # the role it is allocated to (what its resources' allocation_info names)
 
 
 @dataclass(eq=False)
@@ -129,6 +140,13 @@ class Executor:
     tasks: dict[str, Task] = field(default_factory=dict)
     # Set when one of its tasks failed or was killed: the others are being killed because of it.
     killing_cause: str = ""
+    # The user its tasks run as (FrameworkInfo.user, or a command task's CommandInfo.user).
+    user: str = ""
+    # Why the agent could not start it (no such user...): its tasks are dropped.
+    launch_error: str = ""
+    # Who its processes run as when the agent switches users (it runs as root): uid, gid,
+    # supplementary groups. None: as the agent itself.
+    run_as: tuple[int, int, tuple[int, ...]] | None = None
 
 
 @dataclass(eq=False)

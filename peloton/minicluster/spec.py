@@ -51,9 +51,13 @@ def attributes_json(attributes: Mapping[str, Attribute]) -> list[dict[str, Any]]
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """One agent: its hostname, total resources and attributes (``str`` in flag syntax or parsed).
+    """One agent: its hostname, total resources and attributes (strings in the Mesos agent flag
+    syntax).
 
-    ``AgentSpec(hostname="h1", resources="cpus:4;mem:8192;disk:1000", attributes="rack:r2")``
+    ``AgentSpec(hostname="h1", resources="cpus:4;mem:8192;disk:1000", attributes="rack:r2")``;
+    ``resources="gpus(gpu):2;cpus(gpu):4;cpus:4;mem:8192"`` reserves some statically for the
+    role ``gpu``. Agents may share a hostname (several agents on one machine): each registers
+    with its own agent id, as in Mesos.
     """
 
     hostname: str
@@ -85,12 +89,13 @@ class AgentSpec:
         prefix: str = "agent-",
         hostnames: Sequence[str] | None = None,
     ) -> list[AgentSpec]:
-        """``n`` identical agents named ``agent-0``, ``agent-1``, ... (or ``hostnames``)."""
+        """``n`` identical agents named ``agent-0``, ``agent-1``, ... (or ``hostnames``, which
+        may repeat: agents that share a machine)."""
         if n < 0:
             raise ValueError(f"agents: must be 0 or more (got {n})")
         names = list(hostnames) if hostnames is not None else [f"{prefix}{i}" for i in range(n)]
-        if len(names) != n or len(set(names)) != n:
-            raise ValueError(f"agents: need {n} distinct hostnames (got {names})")
+        if len(names) != n:
+            raise ValueError(f"agents: need {n} hostnames (got {names})")
         # Parse once; the specs share the strings.
         parse_text(resources)
         parse_attributes(attributes)
@@ -101,7 +106,8 @@ class AgentSpec:
     @staticmethod
     def load_file(path: str | Path) -> list[AgentSpec]:
         """Agents from a YAML file: a list of ``{hostname, resources, attributes}`` (or a mapping
-        with an ``agents`` list); resources and attributes may be strings or mappings.
+        with an ``agents`` list); resources and attributes may be strings or mappings. Several
+        agents may share a hostname.
 
         Raises ValueError naming the file and the bad entry.
         """
@@ -114,16 +120,11 @@ class AgentSpec:
         if not isinstance(data, list) or not data:
             raise ValueError(f"{path}: expected a non-empty list of agents")
         specs = []
-        seen: set[str] = set()
         for i, entry in enumerate(data):
             try:
-                spec = _spec_from_entry(entry, i)
+                specs.append(_spec_from_entry(entry, i))
             except ValueError as exc:
                 raise ValueError(f"{path}: agents[{i}]: {exc}") from None
-            if spec.hostname in seen:
-                raise ValueError(f"{path}: agents[{i}]: duplicate hostname {spec.hostname}")
-            seen.add(spec.hostname)
-            specs.append(spec)
         return specs
 
 

@@ -2,6 +2,12 @@
 
 A LAUNCH is judged task by task (a bad task gets TASK_ERROR, the rest launch); a LAUNCH_GROUP is
 all or nothing (every task of a bad group gets TASK_ERROR with REASON_TASK_GROUP_INVALID).
+
+Resources must be named as offered: reserved ones with their role (``reservations`` or the legacy
+``role``), unreserved ones without, and each ``allocation_info`` (where given; the master injects
+the offer's where not) naming the offer's role. Otherwise they are not in the offer, and the
+error is Mesos 1.11's: "Total resources cpus(allocated: gpu):6; ... required by task group and
+its executor are more than available ..." (resources printed as :func:`mesos_text` does).
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from peloton.minicluster.resources import ResourceSet, from_json
+from peloton.minicluster.resources import ResourceSet, allocation_roles, from_json, mesos_text
 
 # The default executor runs its tasks in nested containers and needs all three (a real master
 # rejects a DEFAULT executor without disk).
@@ -64,7 +70,12 @@ def _task_id(info: Any) -> str:
 
 
 def _check_task(
-    info: dict[str, Any], task_id: str, agent_id: str, in_use: Callable[[str], bool]
+    info: dict[str, Any],
+    task_id: str,
+    agent_id: str,
+    in_use: Callable[[str], bool],
+    role: str,
+    prefix: str = "",
 ) -> ResourceSet:
     if not isinstance(info.get("name"), str):
         raise Invalid(f"Task '{task_id}' is missing the required field 'name'")
@@ -76,9 +87,28 @@ def _check_task(
             f"Task uses invalid agent: {given.get('value') if isinstance(given, dict) else given}"
         )
     try:
-        return from_json(info.get("resources", []), "resources")
+        res = from_json(info.get("resources", []), "resources")
     except ValueError as exc:
         raise Invalid(f"Task '{task_id}' has invalid resources: {exc}") from None
+    _check_single_role(info["resources"], role, prefix)
+    return res
+
+
+def _check_single_role(resources: list[Any], role: str, prefix: str) -> None:
+    """Mesos's check that a task's resources (allocation_info injected where absent) are all
+    allocated to one role."""
+    first: str | None = None
+    for res in resources:
+        info = res.get("allocation_info")
+        given = info.get("role") if isinstance(info, dict) else None
+        this = given if isinstance(given, str) else role
+        if first is None:
+            first = this
+        elif this != first:
+            raise Invalid(
+                f"{prefix}Invalid task resources: The resources have multiple allocation roles"
+                f" ('{this}' and '{first}') but only one allocation role is allowed"
+            )
 
 
 def _check_command(info: dict[str, Any], task_id: str) -> None:
@@ -110,8 +140,10 @@ def plan_launch(
     agent_id: str,
     remaining: ResourceSet,
     in_use: Callable[[str], bool],
+    role: str = "*",
 ) -> tuple[list[Planned], list[tuple[str, str]], ResourceSet]:
-    """(valid tasks, [(task id, error)] for invalid ones, remaining resources) of a LAUNCH.
+    """(valid tasks, [(task id, error)] for invalid ones, remaining resources) of a LAUNCH of
+    offers allocated to ``role``.
 
     Command tasks only (a custom executor is not supported here and is reported as invalid).
     """
@@ -126,7 +158,7 @@ def plan_launch(
         except Invalid:
             continue  # nobody to tell: no task id
         try:
-            res = _check_task(info, task_id, agent_id, lambda t: in_use(t) or t in seen)
+            res = _check_task(info, task_id, agent_id, lambda t: in_use(t) or t in seen, role)
             if "executor" in info and "command" in info:
                 raise Invalid(
                     "Task should have at least one (but not both) of CommandInfo or "
@@ -137,11 +169,9 @@ def plan_launch(
             _check_command(info, task_id)
             if res.is_empty():
                 raise Invalid(f"Task '{task_id}' uses no resources")
-            if not remaining.contains(res):
-                raise Invalid(
-                    f"Task uses more resources {res} than available {remaining}: "
-                    + ", ".join(remaining.missing(res))
-                )
+            _check_available(
+                info.get("resources"), res, remaining, role, "task and its executor is"
+            )
         except Invalid as exc:
             errors.append((task_id, str(exc)))
             seen.add(task_id)
@@ -159,8 +189,10 @@ def plan_group(
     remaining: ResourceSet,
     in_use: Callable[[str], bool],
     executor_running: Callable[[str], bool],
+    role: str = "*",
 ) -> PlannedGroup:
-    """The plan of a valid LAUNCH_GROUP; raises Invalid with the reason otherwise."""
+    """The plan of a valid LAUNCH_GROUP of offers allocated to ``role``; raises Invalid with the
+    reason otherwise."""
     if not isinstance(launch_group, dict):
         raise Invalid("Expecting 'launch_group' to be present")
     executor = launch_group.get("executor")
@@ -173,23 +205,36 @@ def plan_group(
     plan = PlannedGroup(executor, executor_id, exec_res)
     seen: set[str] = set()
     total = exec_res
+    named: list[Any] = []
     for info in tasks:
         task_id = _task_id(info)
         if task_id in seen:
             raise Invalid(f"Duplicate task '{task_id}' in the task group")
         seen.add(task_id)
-        res = _check_task(info, task_id, agent_id, in_use)
+        res = _check_task(info, task_id, agent_id, in_use, role, f"Task '{task_id}' is invalid: ")
         if "executor" in info:
             raise Invalid(f"Task '{task_id}' in a task group must not set 'executor'")
         _check_command(info, task_id)
         total = total + res
+        named += info.get("resources") or []
         plan.tasks.append(Planned(info, task_id, res))
-    if not remaining.contains(total):
-        raise Invalid(
-            f"Task group uses more resources {total} than available {remaining}: "
-            + ", ".join(remaining.missing(total))
-        )
+    if not exec_res.is_empty():
+        named += executor.get("resources") or []
+    _check_available(named, total, remaining, role, "task group and its executor are")
     return plan
+
+
+def _check_available(
+    named: Any, total: ResourceSet, remaining: ResourceSet, role: str, what: str
+) -> None:
+    """Raise Invalid as a Mesos master does unless the resources ``named`` (JSON; ``total``
+    parsed) are in what is left of offers allocated to ``role``."""
+    if remaining.contains(total) and allocation_roles(named) <= {role}:
+        return
+    raise Invalid(
+        f"Total resources {mesos_text(named or [], role)} required by {what} more than "
+        f"available {mesos_text(remaining.to_json(role), role)}"
+    )
 
 
 def _check_executor(
