@@ -15,6 +15,7 @@ from daemon import ROOT
 from mesos_support import MASTER_ENV, PelotonFactory, RealClusterFactory, two_agents
 from support import make_spec
 
+from peloton.config import load_config_file
 from peloton.v1 import job_pb2
 
 
@@ -81,3 +82,12 @@ def test_the_suite_runs_against_an_existing_master_as_written(
     # They ran on the existing cluster: its master saw their frameworks come and go.
     names = [f["name"] for f in existing.state()["completed_frameworks"]]
     assert any(name.startswith("peloton-test-") for name in names), names
+
+
+def test_the_deploy_notes_configuration_is_valid(tmp_path: Path) -> None:
+    notes = (ROOT / "deploy" / "mesos" / "README.md").read_text()
+    (config,) = re.findall(r"^```yaml\n(.*?)^```$", notes, flags=re.S | re.M)
+    path = tmp_path / "peloton.yaml"
+    path.write_text(config)
+    loaded = load_config_file(path)  # unknown keys and bad shapes are refused
+    assert (loaded["mesos_role"], loaded["mesos_user"]) == ("peloton", "peloton")
