@@ -69,6 +69,14 @@ def _multi_role(master: str, refinement: bool = False, **info: Any) -> RawSchedu
     return _scheduler(master, roles=[ROLE], capabilities=[{"type": c} for c in caps], **info)
 
 
+def _leave(sched: RawScheduler) -> None:
+    """TEARDOWN (its tasks end and nothing lingers for the failover timeout), then close."""
+    try:
+        sched.call("TEARDOWN")
+    finally:
+        sched.close()
+
+
 def _offer_where(sched: RawScheduler, what: str, match: Callable[[Offer], bool]) -> Offer:
     """The first offer that matches; the others are declined (to come back at once)."""
     seen: list[str] = []
@@ -152,7 +160,7 @@ def check_unknown_user_fails_every_executor(master: str, user: str, partition_aw
         (status,) = _updates_until_terminal(sched, "command-task")
         _assert_dropped(status, state, user, "command-task")
     finally:
-        sched.close()
+        _leave(sched)
 
 
 def _assert_dropped(status: dict[str, Any], state: str, user: str, executor_id: str) -> None:
@@ -182,7 +190,7 @@ def check_known_user_runs(master: str) -> None:
         states = [s["state"] for s in _updates_until_terminal(sched, "mine")]
         assert states[-1] == "TASK_FINISHED", states
     finally:
-        sched.close()
+        _leave(sched)
 
 
 # ---------------------------------------------------------------------- shared hostnames
@@ -206,7 +214,7 @@ def check_agents_sharing_a_hostname_are_each_offered(master: str) -> None:
             assert updates[-1]["state"] == "TASK_FINISHED", updates
             assert updates[-1]["agent_id"] == {"value": agent_id}, updates
     finally:
-        sched.close()
+        _leave(sched)
 
 
 # ---------------------------------------------------------------------- reservations
@@ -220,7 +228,7 @@ def check_reserved_resources_are_offered_as_reserved(master: str) -> None:
         try:
             offer = _reserved_offer(sched)
         finally:
-            sched.close()
+            _leave(sched)
         seen = json.dumps(offer)
         assert offer["allocation_info"] == {"role": ROLE}, seen
         for resource in offer["resources"]:
@@ -276,7 +284,7 @@ def check_launch_takes_resources_as_offered(master: str) -> None:
         states = [s["state"] for s in _updates_until_terminal(sched, "injected")]
         assert states[-1] == "TASK_FINISHED", states
     finally:
-        sched.close()
+        _leave(sched)
 
 
 def check_launch_not_as_offered_is_refused(master: str) -> None:
@@ -350,7 +358,7 @@ def check_launch_not_as_offered_is_refused(master: str) -> None:
         (status,) = _updates_until_terminal(sched, "mixed-command")
         _assert_error(status, "REASON_TASK_INVALID", roles_error)
     finally:
-        sched.close()
+        _leave(sched)
 
 
 def _assert_error(status: dict[str, Any], reason: str, message: str) -> None:
