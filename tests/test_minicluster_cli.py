@@ -78,3 +78,28 @@ def test_bad_agents_are_one_line_usage_errors(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 2
     assert err.strip() == f"error: invalid: {bad}: agents[0]: unknown key colour"
+
+
+def test_up_registers_agents_that_share_a_hostname_with_their_reservations(
+    tmp_path: Path,
+) -> None:
+    agents = tmp_path / "agents.yaml"
+    agents.write_text(
+        "- {hostname: node-a, resources: 'gpus(gpu):2;cpus(gpu):4;cpus:4;mem:8192;disk:100'}\n"
+        "- {hostname: node-a, resources: 'cpus:2;mem:1024;disk:100'}\n"
+    )
+    proc = _up("--agents-file", str(agents), "--simulated")
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("minicluster master at 127.0.0.1:"), line
+        _, _, body = get(line.split()[3], "/master/state")
+        reserved, plain = json.loads(body)["slaves"]
+        assert reserved["hostname"] == plain["hostname"] == "node-a"
+        assert reserved["id"] != plain["id"]
+        assert reserved["reserved_resources"] == {"gpu": {"cpus": 4, "gpus": 2}}
+        assert plain["reserved_resources"] == {}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err

@@ -25,7 +25,11 @@ def minicluster() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
 @click.option("--agents", "count", default=2, show_default=True, help="Number of agents.")
 @click.option(
-    "--resources", default=DEFAULT_RESOURCES, show_default=True, help="Each agent's resources."
+    "--resources",
+    default=DEFAULT_RESOURCES,
+    show_default=True,
+    help="Each agent's resources (Mesos --resources syntax; NAME(ROLE):VALUE is statically "
+    "reserved for ROLE, e.g. 'gpus(gpu):2;cpus(gpu):4;cpus:4;mem:8192').",
 )
 @click.option(
     "--attributes", default=DEFAULT_ATTRIBUTES, show_default=True, help="Each agent's attributes."
@@ -33,7 +37,8 @@ def minicluster() -> None:
 @click.option(
     "--agents-file",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="YAML list of agents {hostname, resources, attributes}; replaces --agents.",
+    help="YAML list of agents {hostname, resources, attributes}; replaces --agents. Agents may "
+    "share a hostname (each has its own agent id).",
 )
 @click.option(
     "--work-dir",
@@ -56,6 +61,12 @@ def up(
     log_level: str,
 ) -> None:
     """Run a master with agents until SIGTERM or Ctrl-C, then kill every task and clean up.
+
+    As Mesos 1.11 agents with --switch_user (their default): a framework whose user
+    (FrameworkInfo.user) is empty or unknown here has every task dropped (TASK_DROPPED,
+    REASON_EXECUTOR_TERMINATED); run as root, tasks run as that user, in sandboxes it owns;
+    otherwise only as the user running this. Frameworks are offered the unreserved resources
+    and those reserved for their role, and must launch with resources named as offered.
 
     \b
     Examples:

@@ -39,6 +39,15 @@ class Minicluster:
     ``allocation_interval`` is how often free resources are re-offered (Mesos: 1 s);
     ``update_retry_interval`` is the first re-send delay of an unacknowledged status update
     (Mesos agents: 10 s, doubling).
+
+    As Mesos 1.11 does: agents may share a hostname (each has its own agent id and work dir
+    ``agents/HOST``, ``agents/HOST.2``, ...; methods that take an agent take its id, or a
+    hostname no other agent shares). Agent resources may be statically reserved for a role
+    (``gpus(gpu):2``): a framework is offered the unreserved ones and those of its role, and
+    must launch naming them as offered. Agents act as with ``--switch_user``: a framework user
+    that is empty or unknown on this machine gets every task dropped (TASK_DROPPED,
+    REASON_EXECUTOR_TERMINATED); run as root, tasks run as the framework's user (a command
+    task's CommandInfo.user if set) in sandboxes it owns.
     """
 
     def __init__(

@@ -7,7 +7,11 @@ its :class:`Subscriber`; the subscriber's HTTP thread writes them.
 Faithful to Mesos 1.11 where a framework can tell: status updates carry uuids and are re-sent (by
 the agent, with backoff) until acknowledged, one at a time per task; master-made updates
 (reconciliation, invalid launches, lost agents) have no uuid; offers hold all of an agent's free
-resources; refuse filters hold back resources that fit inside what was declined.
+resources that the framework's role may have (unreserved, and statically reserved for that role:
+``role``, or ``reservations`` for RESERVATION_REFINEMENT frameworks; ``allocation_info`` for
+MULTI_ROLE ones); refuse filters hold back resources that fit inside what was declined; a launch
+must name resources as offered (see :mod:`peloton.minicluster.validation`); agents may share a
+hostname; an executor whose user is empty or unknown is dropped by its agent.
 """
 
 from __future__ import annotations
