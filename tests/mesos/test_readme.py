@@ -78,7 +78,7 @@ def test_the_suite_runs_against_an_existing_master_as_written(
     assert run.returncode == 0, run.stdout + run.stderr
     summary = run.stdout.strip().splitlines()[-1]
     # The scenarios that neither disrupt a cluster nor need a shape of their own, all passed.
-    assert re.fullmatch(r"\d+ passed, \d+ deselected in .*", summary), run.stdout
+    assert re.match(r"\d+ passed, \d+ deselected\b", summary), run.stdout
     # They ran on the existing cluster: its master saw their frameworks come and go.
     names = [f["name"] for f in existing.state()["completed_frameworks"]]
     assert any(name.startswith("peloton-test-") for name in names), names
