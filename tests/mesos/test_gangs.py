@@ -12,7 +12,7 @@ import getpass
 
 import pytest
 from daemon import run_peloton, wait_for
-from mesos_support import MesosPeloton
+from mesos_support import MesosPeloton, PelotonFactory
 from realcluster import RealCluster
 from support import make_spec
 
@@ -85,7 +85,7 @@ def test_tasks_run_as_the_daemons_user_by_default(
 
 
 def test_a_user_the_agents_do_not_have_fails_the_job_naming_the_user(
-    make_peloton: type[MesosPeloton], mesos: RealCluster
+    make_peloton: PelotonFactory, mesos: RealCluster
 ) -> None:
     # Agents switch to the framework's user (--switch_user, true by default): one they do not
     # have fails each executor, and the job ends with why rather than waiting.

@@ -51,8 +51,8 @@ def test_the_demo_gang_trains_to_the_one_process_result(
     peloton = make_peloton(cluster)
     server = peloton.proc.address
     for path in demo.POOLS:
-        created = run_peloton("pool", "create", path, server=server)
-        assert created.returncode == 0, created.stderr
+        pool = run_peloton("pool", "create", path, server=server)
+        assert pool.returncode == 0, pool.stderr
     out = tmp_path / "out"
     spec_file = tmp_path / "train.yaml"
     spec_file.write_text(demo.JOB_SPEC.format(workers=demo.WORKERS, python=sys.executable, out=out))
