@@ -392,7 +392,10 @@ def start_real_cluster(
             f"start.sh {' '.join(args)} --port {port} --proxy-port {proxy} "
             f"(REAL_MESOS_HOME={home}) exited with {code}:\n{output}\n{cluster.log_tail()}"
         )
-        cluster.stop()  # whatever start.sh left behind
+        try:
+            cluster.stop()  # whatever start.sh left behind
+        except RealClusterError as exc:
+            failures.append(str(exc))
         if "is in use" not in output:  # another program took a port first: worth a retry
             break
     raise RealClusterError("the local real Mesos cluster did not start:\n" + "\n".join(failures))
