@@ -18,7 +18,10 @@ artefacts (``py27site``, ``lib``, ``venv``, ``setup.env``, ``.stamps``, ``downlo
 executor stand-ins there on every start, so a shared one would be rewritten under a running
 cluster). Its ports are chosen by the kernel: ``--port`` and a block ``--proxy-port``..+agents,
 picked and taken by ``start.sh`` under a machine-wide lock so that clusters started at once by
-several test runs never race for them. So any number of clusters run side by side.
+several test runs never race for them; and an address of its own on the loopback interface
+(``127.64.0.0/10``), so that tasks of different clusters never contend for the ports their offers
+name. So any number of clusters run side by side. A cluster's agents share its address, so give
+them disjoint ``ports`` ranges when tasks on several agents listen.
 
 A cluster that does not come up raises :class:`RealClusterError` with the output of ``start.sh``
 and the tail of its logs: a test needing one fails, never skips. Leaving the ``with`` block (or
@@ -31,6 +34,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -126,21 +130,29 @@ def _cluster_home(main: Path, base_dir: Path | None) -> Path:
     return home
 
 
-def _port_block(size: int) -> int:
-    """A port P from the kernel such that P..P+size-1 are all free right now."""
+def _loopback_ip() -> str:
+    """A loopback address of the cluster's own, from 127.64.0.0/10 (Linux routes all of
+    127.0.0.0/8 to lo; the minicluster's agents use 127.0.1.x). Tasks of different clusters then
+    never contend for the ports their offers name, even when clusters run side by side."""
+    rng = random.SystemRandom()
+    return f"127.{rng.randint(64, 127)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}"
+
+
+def _port_block(ip: str, size: int) -> int:
+    """A port P from the kernel such that P..P+size-1 on ``ip`` are all free right now."""
     for _ in range(100):
         held: list[socket.socket] = []
         try:
             first = socket.socket()
             held.append(first)
-            first.bind(("127.0.0.1", 0))
+            first.bind((ip, 0))
             port = int(first.getsockname()[1])
             if port + size - 1 > 65535:
                 continue
             for p in range(port + 1, port + size):
                 s = socket.socket()
                 held.append(s)
-                s.bind(("127.0.0.1", p))
+                s.bind((ip, p))
             return port
         except OSError:
             continue
@@ -367,12 +379,14 @@ def start_real_cluster(
         home = _cluster_home(main, base_dir)
         cluster = RealCluster(master="", home=home, keep_home=base_dir is not None)
         with _ports_lock():
-            port = _port_block(1)
-            proxy = _port_block(agents + 1)
+            ip = _loopback_ip()
+            port = _port_block(ip, 1)
+            proxy = _port_block(ip, agents + 1)
             while port in range(proxy, proxy + agents + 1):
-                port = _port_block(1)
+                port = _port_block(ip, 1)
             try:
-                ports = ["--port", str(port), "--proxy-port", str(proxy)]
+                ports = ["--ip", ip, "--port", str(port), "--proxy-port", str(proxy)]
+
                 out = subprocess.run(
                     [str(real_mesos_dir() / "start.sh"), *args, *ports],
                     env=_harness_env(home, env),
@@ -389,14 +403,14 @@ def start_real_cluster(
             cluster.master = lines[-1].split("=", 1)[1]
             return cluster
         failures.append(
-            f"start.sh {' '.join(args)} --port {port} --proxy-port {proxy} "
+            f"start.sh {' '.join(args)} {' '.join(ports)} "
             f"(REAL_MESOS_HOME={home}) exited with {code}:\n{output}\n{cluster.log_tail()}"
         )
         try:
             cluster.stop()  # whatever start.sh left behind
         except RealClusterError as exc:
             failures.append(str(exc))
-        if "is in use" not in output:  # another program took a port first: worth a retry
+        if "in use" not in failures[-1]:  # another program took a port first: worth a retry
             break
     raise RealClusterError("the local real Mesos cluster did not start:\n" + "\n".join(failures))
 
