@@ -86,8 +86,8 @@ def mesos(real_cluster: RealClusterFactory) -> RealCluster:
 
 
 def agent_resources(index: int, resources: str, ports: int = 500) -> str:
-    """``resources`` plus agent ``index``'s own block of ``ports`` ports from 31000: the local
-    cluster's agents all have the address 127.0.0.1, so like agents sharing a machine they need
+    """``resources`` plus agent ``index``'s own block of ``ports`` ports from 31000: a local
+    cluster's agents all have its one address, so like agents sharing a machine they need
     disjoint port ranges (else two tasks may be given the same address in PELOTON_PEERS)."""
     first = 31000 + index * ports
     return f"{resources};ports:[{first}-{first + ports - 1}]"

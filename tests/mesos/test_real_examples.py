@@ -4,8 +4,8 @@ tests/test_examples.py do the same on a minicluster; their checks are reused her
 
 The demo runs on agents shaped as ``examples/minicluster-agents.yaml`` (2 x 2 A100 GPUs, racks r1
 and r2); the examples need more GPUs than that (an 8-GPU gang, a spread over 4 hosts), so they run
-on the 8 agents tests/test_examples.py describes. Agents of a local cluster share the address
-127.0.0.1, so each is given its own port range.
+on the 8 agents tests/test_examples.py describes. Agents of a local cluster share its address,
+so each is given its own port range.
 """
 
 from __future__ import annotations
