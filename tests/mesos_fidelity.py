@@ -43,11 +43,13 @@ from peloton.minicluster.resources import mesos_text
 
 # Cluster shapes the checks need.
 ROLE = "gpu"
-# Agent 0 of the reservations cluster: reserved for ROLE, for another role, and unreserved.
+# Agent 0 of the reservations cluster (hostname RESERVED_HOSTNAME): reserved for ROLE, for
+# another role, and unreserved.
 RESERVED_AGENT = (
     "gpus(gpu):2;cpus(gpu):4;mem(gpu):8192;cpus(other):1;cpus:4;mem:8192;disk:20000;"
     "ports:[31000-32000]"
 )
+RESERVED_HOSTNAME = "node-r"
 PLAIN_AGENT = "cpus:4;mem:4096;disk:10000;gpus:2;ports:[31000-31100]"
 # The hostname two agents share (of three: the third is ``node-c``).
 SHARED_HOSTNAME = "node-a"
@@ -252,6 +254,23 @@ def check_reserved_resources_are_offered_as_reserved(master: str) -> None:
                 assert resource["reservations"] == [{"type": "STATIC", "role": ROLE}], seen
             else:
                 assert resource["role"] == ROLE, seen
+
+
+def check_reservations_are_not_offered_to_other_roles(master: str) -> None:
+    """Agent 0 has RESERVED_AGENT. A framework of the default role ``*`` (no MULTI_ROLE) gets
+    only its unreserved resources, with the legacy ``role: *`` and no allocation_info."""
+    sched = _scheduler(master)
+    try:
+        offer = sched.offer(RESERVED_HOSTNAME, timeout=TIMEOUT)
+    finally:
+        _leave(sched)
+    seen = json.dumps(offer)
+    assert "allocation_info" not in offer, seen
+    for resource in offer["resources"]:
+        assert resource["role"] == "*" and "allocation_info" not in resource, seen
+        assert "reservations" not in resource, seen
+    cpus = [r["scalar"]["value"] for r in _entries(offer, "cpus")]
+    assert cpus == [4] and _entries(offer, "gpus") == [], seen
 
 
 def check_launch_takes_resources_as_offered(master: str) -> None:

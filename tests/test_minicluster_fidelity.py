@@ -29,7 +29,7 @@ SHARED = [
     AgentSpec("node-c", fidelity.PLAIN_AGENT, ""),
 ]
 RESERVED = [
-    AgentSpec("node-r", fidelity.RESERVED_AGENT, ""),
+    AgentSpec(fidelity.RESERVED_HOSTNAME, fidelity.RESERVED_AGENT, ""),
     AgentSpec("node-p", fidelity.PLAIN_AGENT, ""),
 ]
 
@@ -60,6 +60,13 @@ def test_agents_sharing_a_hostname_are_each_offered(make_minicluster: Minicluste
 def test_reserved_resources_are_offered_as_reserved(make_minicluster: MiniclusterFactory) -> None:
     mc = make_minicluster(agents=RESERVED)
     fidelity.check_reserved_resources_are_offered_as_reserved(mc.address)
+
+
+def test_reservations_are_not_offered_to_other_roles(
+    make_minicluster: MiniclusterFactory,
+) -> None:
+    mc = make_minicluster(agents=RESERVED)
+    fidelity.check_reservations_are_not_offered_to_other_roles(mc.address)
 
 
 def test_launch_takes_resources_as_offered(make_minicluster: MiniclusterFactory) -> None:

@@ -14,7 +14,7 @@ import pytest
 from mesos_support import RealClusterFactory
 from realcluster import RealCluster
 
-RESERVED = {0: {"resources": fidelity.RESERVED_AGENT, "hostname": "node-r"}}
+RESERVED = {0: {"resources": fidelity.RESERVED_AGENT, "hostname": fidelity.RESERVED_HOSTNAME}}
 SHARED = {
     0: {"hostname": fidelity.SHARED_HOSTNAME},
     1: {"hostname": fidelity.SHARED_HOSTNAME},
@@ -50,6 +50,11 @@ def fixture_reserved(real_cluster: RealClusterFactory) -> RealCluster:
 @pytest.mark.local_shape
 def test_reserved_resources_are_offered_as_reserved(reserved: RealCluster) -> None:
     fidelity.check_reserved_resources_are_offered_as_reserved(reserved.master)
+
+
+@pytest.mark.local_shape
+def test_reservations_are_not_offered_to_other_roles(reserved: RealCluster) -> None:
+    fidelity.check_reservations_are_not_offered_to_other_roles(reserved.master)
 
 
 @pytest.mark.local_shape
