@@ -384,9 +384,8 @@ def start_real_cluster(
             proxy = _port_block(ip, agents + 1)
             while port in range(proxy, proxy + agents + 1):
                 port = _port_block(ip, 1)
+            ports = ["--ip", ip, "--port", str(port), "--proxy-port", str(proxy)]
             try:
-                ports = ["--ip", ip, "--port", str(port), "--proxy-port", str(proxy)]
-
                 out = subprocess.run(
                     [str(real_mesos_dir() / "start.sh"), *args, *ports],
                     env=_harness_env(home, env),
@@ -402,15 +401,16 @@ def start_real_cluster(
         if code == 0 and lines and lines[-1].startswith("MESOS_MASTER="):
             cluster.master = lines[-1].split("=", 1)[1]
             return cluster
-        failures.append(
+        failure = (
             f"start.sh {' '.join(args)} {' '.join(ports)} "
             f"(REAL_MESOS_HOME={home}) exited with {code}:\n{output}\n{cluster.log_tail()}"
         )
+        failures.append(failure)
         try:
             cluster.stop()  # whatever start.sh left behind
         except RealClusterError as exc:
             failures.append(str(exc))
-        if "in use" not in failures[-1]:  # another program took a port first: worth a retry
+        if "in use" not in failure:  # another program took a port first: worth a retry
             break
     raise RealClusterError("the local real Mesos cluster did not start:\n" + "\n".join(failures))
 
