@@ -4,9 +4,13 @@ that cannot start says why."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from daemon import ROOT
 from mesos_support import RealClusterFactory
 from realcluster import RealCluster, RealClusterError, real_cluster
 
@@ -63,3 +67,21 @@ def test_a_cluster_that_cannot_start_says_why() -> None:
         except OSError:
             continue
         assert str(home).encode() not in cmdline, pid
+
+
+def test_the_suite_fails_rather_than_skips_without_a_cluster() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PELOTON_TEST_MESOS_MASTER"}
+    env["PELOTON_REAL_MESOS_DIR"] = "/nonexistent/real-mesos"
+    test = "tests/mesos/test_gangs.py::test_tasks_run_as_the_daemons_user_by_default"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "no real-mesos harness at /nonexistent/real-mesos" in run.stdout, run.stdout
+    assert "skipped" not in run.stdout and re.search(r"^1 error in ", run.stdout, re.M), run.stdout
