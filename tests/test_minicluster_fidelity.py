@@ -139,5 +139,22 @@ def test_tasks_run_as_the_framework_user_when_the_agent_is_root(
         assert (path.stat().st_uid, path.stat().st_gid) == (nobody.pw_uid, nobody.pw_gid), path
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only an agent running as root switches users")
+def test_a_command_task_runs_as_its_command_user(make_minicluster: MiniclusterFactory) -> None:
+    nobody = pwd.getpwnam("nobody")
+    mc: Minicluster = make_minicluster(agents=1, work_dir=None)
+    sched = RawScheduler(mc.address).subscribe()  # the framework's user: this one's
+    offer = sched.offer()
+    task = dict(task_info("cmd-as-nobody", "id -u > uid"), agent_id=offer["agent_id"])
+    task["command"]["user"] = "nobody"
+    launch = {"type": "LAUNCH", "launch": {"task_infos": [task]}}
+    sched.ok("ACCEPT", {"offer_ids": [offer["id"]], "operations": [launch]})
+    for state in ("TASK_STARTING", "TASK_RUNNING", "TASK_FINISHED"):
+        sched.ack(sched.update("cmd-as-nobody", state))
+    sandbox = mc.task("cmd-as-nobody").sandbox
+    assert sandbox is not None
+    assert int((sandbox / "uid").read_text()) == nobody.pw_uid
+
+
 def _run_dir(sandbox: Path) -> Path:
     return sandbox.parent.parent  # <run>/tasks/<task id>
