@@ -12,6 +12,16 @@ operator's cluster, left as it is) or, when that is unset, a fresh local real cl
 
 ``make_peloton(cluster, *flags)`` / ``peloton``: ``peloton server`` processes, frameworks of a
 cluster under a unique name; each is stopped and its framework torn down after the test.
+``local_cluster``: always a local real cluster of that shape.
+
+What stays on the minicluster (tests/test_gang_e2e.py, tests/test_hostmgr_integration.py,
+tests/test_minicluster_*.py): the local real cluster runs real master and agent code, but its
+executors are Python stand-ins without isolation (GPUs are accounted, never handed out: no
+``CUDA_VISIBLE_DEVICES``; tasks run as the user who started it, the framework's user only being
+checked when the sandbox is chowned), all its agents are one process on one address (no agent
+stopped, partitioned or restarted alone: an agent is lost here by the operator API's
+MARK_AGENT_GONE), and it has no master failover. GPU device assignment, agents killed or
+partitioned, dropped master connections and master restarts are tested on the minicluster.
 """
 
 from __future__ import annotations
