@@ -1,6 +1,7 @@
 """Gangs on a real Mesos master (``mesos``: ``PELOTON_TEST_MESOS_MASTER`` or a local real cluster
 of two agents) through a ``peloton server`` process: a gang spread over two agents succeeds and
-every task sees its gang; the framework user; idle offers suppressed and declined.
+every task sees its gang; the framework user; idle offers suppressed and declined; KillJob sends
+SIGTERM first.
 
 Tasks run plain ``sh`` and report on their stdout, read back with ``peloton task logs`` (the
 agent's /files API), so these scenarios also run on an operator's cluster.
@@ -120,3 +121,21 @@ def test_idle_offers_are_suppressed_and_declined(peloton: MesosPeloton, mesos: R
         interval=0.2,
         state=idle_state,
     )
+
+
+def test_kill_job_stops_each_task_with_sigterm_first(peloton: MesosPeloton) -> None:
+    # The shell traps SIGTERM between short sleeps: it reports and exits within the grace.
+    command = "trap 'echo sigterm; exit 0' TERM; echo started; while :; do sleep 0.1; done"
+    job_id = peloton.submit(command, 2, kill_grace_seconds=20)
+    peloton.wait_running(job_id)
+    wait_for(
+        lambda: all(task_logs(peloton, job_id, i) == "started\n" for i in range(2)),
+        30,
+        "both tasks to have started their loop",
+        interval=0.2,
+        state=lambda: [task_logs(peloton, job_id, i) for i in range(2)],
+    )
+    peloton.client.kill_job(job_id)
+    job = peloton.wait_done(job_id)
+    assert job.state == job_pb2.JOB_STATE_KILLED, job
+    assert [task_logs(peloton, job_id, i) for i in range(2)] == ["started\nsigterm\n"] * 2
