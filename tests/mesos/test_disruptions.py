@@ -110,6 +110,8 @@ def test_a_lost_agent_restarts_the_whole_gang_on_the_agent_left(
     assert victim not in {t["slave_id"] for t in again}, again
     lost = {t.instance_id: t.history[0] for t in peloton.client.list_tasks(job_id).tasks}
     assert lost[0].state == job_pb2.TASK_STATE_LOST, lost
+    hosts = {h.agent_id: h.state for h in peloton.client.list_hosts()}
+    assert hosts[victim] == "DOWN" and list(hosts.values()).count("UP") == 1, hosts
     wait_for(
         lambda: [a["id"] for a in local_cluster.agents() if a["id"] == victim] == [],
         30,
