@@ -102,6 +102,7 @@ def test_a_lost_agent_restarts_the_whole_gang_on_the_agent_left(
     peloton.wait_running(job_id)
     tasks = peloton.cluster.tasks_of(peloton.framework()["id"])
     victim = next(t["slave_id"] for t in tasks if t["id"] == f"{job_id}-0-1")
+    left = [a["id"] for a in local_cluster.agents() if a["id"] != victim]
     local_cluster.mark_agent_gone(victim)
     restarted_whole(peloton, job_id, 2)
     again = [
@@ -110,8 +111,18 @@ def test_a_lost_agent_restarts_the_whole_gang_on_the_agent_left(
     assert victim not in {t["slave_id"] for t in again}, again
     lost = {t.instance_id: t.history[0] for t in peloton.client.list_tasks(job_id).tasks}
     assert lost[0].state == job_pb2.TASK_STATE_LOST, lost
-    hosts = {h.agent_id: h.state for h in peloton.client.list_hosts()}
-    assert hosts[victim] == "DOWN" and list(hosts.values()).count("UP") == 1, hosts
+
+    def hosts() -> dict[str, str]:
+        return {h.agent_id: h.state for h in peloton.client.list_hosts()}
+
+    wait_for(
+        lambda: (
+            sorted(hosts().items()) == sorted({victim: "DOWN", **{a: "UP" for a in left}}.items())
+        ),
+        30,
+        "peloton to show the gone agent DOWN",
+        state=hosts,
+    )
     wait_for(
         lambda: [a["id"] for a in local_cluster.agents() if a["id"] == victim] == [],
         30,
