@@ -115,10 +115,9 @@ def test_a_lost_agent_restarts_the_whole_gang_on_the_agent_left(
     def hosts() -> dict[str, str]:
         return {h.agent_id: h.state for h in peloton.client.list_hosts()}
 
+    expected = {victim: "DOWN", **{agent: "UP" for agent in left}}
     wait_for(
-        lambda: (
-            sorted(hosts().items()) == sorted({victim: "DOWN", **{a: "UP" for a in left}}.items())
-        ),
+        lambda: hosts() == expected,
         30,
         "peloton to show the gone agent DOWN",
         state=hosts,
