@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,8 @@ import pytest
 from peloton.config import CONFIG_KEYS, ServerConfig, load_config_file
 from peloton.errors import InvalidArgument
 
-DEPLOY_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "peloton.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY_CONFIG = ROOT / "deploy" / "peloton.yaml"
 
 
 def test_deploy_config_has_every_option_and_loads() -> None:
@@ -18,6 +20,13 @@ def test_deploy_config_has_every_option_and_loads() -> None:
     config = ServerConfig(**data)
     assert config.data_dir == Path("/var/lib/peloton")
     assert config.database_url == "sqlite:////var/lib/peloton/peloton.db"
+
+
+def test_the_readme_configuration_table_has_a_row_for_every_option() -> None:
+    section = (ROOT / "README.md").read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    first_cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    documented = set(re.findall(r"`([a-z_]+)`", "".join(first_cells)))
+    assert documented == set(CONFIG_KEYS)
 
 
 def test_unknown_key_is_named(tmp_path: Path) -> None:

@@ -66,9 +66,24 @@ class RealClusterError(RuntimeError):
 
 
 def real_mesos_dir() -> Path:
-    """The real-mesos harness: ``$PELOTON_REAL_MESOS_DIR``, else ``../shared/real-mesos``."""
+    """The real-mesos harness: ``$PELOTON_REAL_MESOS_DIR``, else ``../shared/real-mesos`` beside
+    this checkout, else beside the checkout it was cloned from (CI tests a clean clone of the
+    main checkout, made elsewhere); the first of those that exists, else the first."""
     configured = os.environ.get("PELOTON_REAL_MESOS_DIR")
-    return Path(configured) if configured else REPO_ROOT.parent / "shared" / "real-mesos"
+    if configured:
+        return Path(configured)
+    candidates = [REPO_ROOT.parent / "shared" / "real-mesos"]
+    origin = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "remote", "get-url", "origin"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if origin.startswith("file://"):
+        origin = origin[len("file://") :]
+    if origin.startswith("/"):
+        candidates.append(Path(origin).parent / "shared" / "real-mesos")
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 def main_home() -> Path:
