@@ -26,7 +26,13 @@ Observed on the real master (1.11.0), and matched here:
   REASON_TASK_GROUP_INVALID "Total resources <asked> required by task group and its executor
   are more than available <offer>", or for a LAUNCH REASON_TASK_INVALID "... required by task
   and its executor is more than available ...", resources printed as Mesos prints them
-  (:func:`peloton.minicluster.resources.mesos_text`).
+  (:func:`peloton.minicluster.resources.mesos_text`). A task's resources allocated to two roles:
+  "Invalid task resources: The resources have multiple allocation roles ('B' and 'A') but only
+  one allocation role is allowed".
+- A task group's task errors read "Task 'ID' is invalid: ..."; a task naming another agent,
+  "Task uses invalid agent X while agent Y is expected"; a DEFAULT executor needs 0.01 cpus,
+  32MB mem and some disk: "Executor 'E' uses less CPUs (None) than the minimum required (0.01)",
+  "... uses less memory (16MB) than the minimum required (32MB)", "... uses no disk".
 """
 
 from __future__ import annotations
@@ -390,3 +396,56 @@ def _assert_error(status: dict[str, Any], reason: str, message: str) -> None:
     ), seen
     assert "uuid" not in status, seen  # the master's own update: nothing to acknowledge
     assert status["message"] == message, seen
+
+
+# ---------------------------------------------------------------------- task and executor checks
+
+
+def check_bad_executors_and_agents_are_refused(master: str) -> None:
+    """Any cluster. A DEFAULT executor with too few cpus or mem, or no disk, and a task naming
+    another agent are refused with Mesos's words."""
+    sched = _scheduler(master)
+
+    def executor(cpus: float, mem: float, disk: float) -> list[dict[str, Any]]:
+        amounts = {"cpus": cpus, "mem": mem, "disk": disk}
+        return [_scalar(name, value) for name, value in amounts.items() if value]
+
+    cases = [
+        (executor(0, 32, 10), "uses less CPUs (None) than the minimum required (0.01)"),
+        (executor(0.005, 32, 10), "uses less CPUs (0.005) than the minimum required (0.01)"),
+        (executor(0.1, 0, 10), "uses less memory (None) than the minimum required (32MB)"),
+        (executor(0.1, 16.5, 10), "uses less memory (16MB) than the minimum required (32MB)"),
+        (executor(0.1, 32, 0), "uses no disk"),
+    ]
+    try:
+        for n, (resources, error) in enumerate(cases):
+            task_id, executor_id = f"executor-{n}", f"ex-{n}-{uuid.uuid4().hex[:8]}"
+            offer = sched.offer(timeout=TIMEOUT)
+            sched.launch_group(
+                offer, [task_info(task_id, "true")], executor_id, resources, ACCEPT_FILTERS
+            )
+            (status,) = _updates_until_terminal(sched, task_id)
+            _assert_error(status, "REASON_TASK_GROUP_INVALID", f"Executor '{executor_id}' {error}")
+
+        def wrong(offer: Offer) -> str:
+            agent = offer["agent_id"]["value"]
+            return f"Task uses invalid agent no-such-agent while agent {agent} is expected"
+
+        offer = sched.offer(timeout=TIMEOUT)
+        elsewhere = dict(task_info("elsewhere", "true"), agent_id={"value": "no-such-agent"})
+        sched.launch_group(offer, [elsewhere], filters=ACCEPT_FILTERS)
+        (status,) = _updates_until_terminal(sched, "elsewhere")
+        _assert_error(
+            status, "REASON_TASK_GROUP_INVALID", f"Task 'elsewhere' is invalid: {wrong(offer)}"
+        )
+        offer = sched.offer(timeout=TIMEOUT)
+        elsewhere = dict(elsewhere, task_id={"value": "elsewhere-command"})
+        launch = {"type": "LAUNCH", "launch": {"task_infos": [elsewhere]}}
+        sched.ok(
+            "ACCEPT",
+            {"offer_ids": [offer["id"]], "operations": [launch], "filters": ACCEPT_FILTERS},
+        )
+        (status,) = _updates_until_terminal(sched, "elsewhere-command")
+        _assert_error(status, "REASON_TASK_INVALID", wrong(offer))
+    finally:
+        _leave(sched)

@@ -79,6 +79,11 @@ def test_launch_not_as_offered_is_refused(make_minicluster: MiniclusterFactory) 
     fidelity.check_launch_not_as_offered_is_refused(mc.address)
 
 
+def test_bad_executors_and_agents_are_refused(make_minicluster: MiniclusterFactory) -> None:
+    mc = make_minicluster(agents=1)
+    fidelity.check_bad_executors_and_agents_are_refused(mc.address)
+
+
 # ---------------------------------------------------------------------- minicluster only
 
 

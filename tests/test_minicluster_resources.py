@@ -252,7 +252,7 @@ def test_group_plan_counts_the_executor_once() -> None:
 @pytest.mark.parametrize(
     ("executor", "tasks", "in_use", "error"),
     [
-        (EXEC[:2], [_task("t", "cpus:0.1")], set(), "missing: disk"),
+        (EXEC[:2], [_task("t", "cpus:0.1")], set(), "Executor 'e' uses no disk"),
         (EXEC, [], set(), "at least one task"),
         (EXEC, [_task("t", "cpus:0.1")], {"t"}, "duplicate ID: t"),
         (
@@ -263,7 +263,12 @@ def test_group_plan_counts_the_executor_once() -> None:
             " required by task group and its executor are more than available"
             " cpus(allocated: *):1; mem(allocated: *):100; disk(allocated: *):100",
         ),
-        (EXEC, [dict(_task("t", "cpus:0.1"), agent_id={"value": "b"})], set(), "invalid agent: b"),
+        (
+            EXEC,
+            [dict(_task("t", "cpus:0.1"), agent_id={"value": "b"})],
+            set(),
+            "Task 't' is invalid: Task uses invalid agent b while agent a is expected",
+        ),
         (EXEC, [dict(_task("t", "cpus:0.1"), executor={})], set(), "must not set 'executor'"),
     ],
 )

@@ -18,9 +18,10 @@ from typing import Any
 
 from peloton.minicluster.resources import ResourceSet, allocation_roles, from_json, mesos_text
 
-# The default executor runs its tasks in nested containers and needs all three (a real master
-# rejects a DEFAULT executor without disk).
-EXECUTOR_REQUIRED = ("cpus", "mem", "disk")
+# What a Mesos 1.11 master requires of a DEFAULT executor (it runs its tasks in nested
+# containers): at least MIN_CPUS cpus and MIN_MEM MB of mem, and some disk.
+MIN_CPUS = 0.01
+MIN_MEM = 32
 
 
 class Invalid(Exception):
@@ -70,12 +71,7 @@ def _task_id(info: Any) -> str:
 
 
 def _check_task(
-    info: dict[str, Any],
-    task_id: str,
-    agent_id: str,
-    in_use: Callable[[str], bool],
-    role: str,
-    prefix: str = "",
+    info: dict[str, Any], task_id: str, agent_id: str, in_use: Callable[[str], bool], role: str
 ) -> ResourceSet:
     if not isinstance(info.get("name"), str):
         raise Invalid(f"Task '{task_id}' is missing the required field 'name'")
@@ -83,18 +79,17 @@ def _check_task(
         raise Invalid(f"Task has duplicate ID: {task_id}")
     given = info.get("agent_id", {})
     if not isinstance(given, dict) or given.get("value") != agent_id:
-        raise Invalid(
-            f"Task uses invalid agent: {given.get('value') if isinstance(given, dict) else given}"
-        )
+        named = given.get("value") if isinstance(given, dict) else given
+        raise Invalid(f"Task uses invalid agent {named} while agent {agent_id} is expected")
     try:
         res = from_json(info.get("resources", []), "resources")
     except ValueError as exc:
         raise Invalid(f"Task '{task_id}' has invalid resources: {exc}") from None
-    _check_single_role(info["resources"], role, prefix)
+    _check_single_role(info["resources"], role)
     return res
 
 
-def _check_single_role(resources: list[Any], role: str, prefix: str) -> None:
+def _check_single_role(resources: list[Any], role: str) -> None:
     """Mesos's check that a task's resources (allocation_info injected where absent) are all
     allocated to one role."""
     first: str | None = None
@@ -106,7 +101,7 @@ def _check_single_role(resources: list[Any], role: str, prefix: str) -> None:
             first = this
         elif this != first:
             raise Invalid(
-                f"{prefix}Invalid task resources: The resources have multiple allocation roles"
+                "Invalid task resources: The resources have multiple allocation roles"
                 f" ('{this}' and '{first}') but only one allocation role is allowed"
             )
 
@@ -200,24 +195,30 @@ def plan_group(
     tasks = group.get("tasks") if isinstance(group, dict) else None
     if not isinstance(tasks, list) or not tasks:
         raise Invalid("Task group must have at least one task")
-    executor_id, exec_res = _check_executor(executor, framework_id, executor_running)
-    assert isinstance(executor, dict)
-    plan = PlannedGroup(executor, executor_id, exec_res)
+    planned: list[Planned] = []
     seen: set[str] = set()
-    total = exec_res
+    total = ResourceSet()
     named: list[Any] = []
     for info in tasks:
         task_id = _task_id(info)
         if task_id in seen:
+            # (A Mesos 1.11 master aborts on this: "Check failed: ... Duplicate task".)
             raise Invalid(f"Duplicate task '{task_id}' in the task group")
         seen.add(task_id)
-        res = _check_task(info, task_id, agent_id, in_use, role, f"Task '{task_id}' is invalid: ")
-        if "executor" in info:
-            raise Invalid(f"Task '{task_id}' in a task group must not set 'executor'")
-        _check_command(info, task_id)
+        try:
+            res = _check_task(info, task_id, agent_id, in_use, role)
+            if "executor" in info:
+                raise Invalid(f"Task '{task_id}' in a task group must not set 'executor'")
+            _check_command(info, task_id)
+        except Invalid as exc:  # as Mesos words a group's task errors
+            raise Invalid(f"Task '{task_id}' is invalid: {exc}") from None
         total = total + res
         named += info.get("resources") or []
-        plan.tasks.append(Planned(info, task_id, res))
+        planned.append(Planned(info, task_id, res))
+    executor_id, exec_res = _check_executor(executor, framework_id, executor_running)
+    assert isinstance(executor, dict)
+    plan = PlannedGroup(executor, executor_id, exec_res, planned)
+    total = total + exec_res
     if not exec_res.is_empty():
         named += executor.get("resources") or []
     _check_available(named, total, remaining, role, "task group and its executor are")
@@ -265,10 +266,31 @@ def _check_executor(
         raise Invalid(f"Executor '{executor_id}' has invalid resources: {exc}") from None
     if executor_running(executor_id):
         return executor_id, ResourceSet()  # the running executor already holds its own
-    missing = [name for name in EXECUTOR_REQUIRED if res.scalar(name) <= 0]
-    if missing:
-        raise Invalid(
-            f"Executor '{executor_id}' must declare 'cpus', 'mem' and 'disk' resources "
-            f"(missing: {', '.join(missing)})"
-        )
+    _check_executor_minimum(executor_id, res)
     return executor_id, res
+
+
+def _check_executor_minimum(executor_id: str, res: ResourceSet) -> None:
+    """Raise Invalid in a Mesos 1.11 master's words if a new DEFAULT executor has too little."""
+    cpus = res.scalar("cpus")
+    if cpus < MIN_CPUS:
+        raise Invalid(
+            f"Executor '{executor_id}' uses less CPUs ({f'{cpus:.15g}' if cpus else 'None'})"
+            f" than the minimum required ({MIN_CPUS:g})"
+        )
+    mem = int(res.scalar("mem"))  # whole megabytes, as Resources::mem() truncates
+    if mem < MIN_MEM:
+        raise Invalid(
+            f"Executor '{executor_id}' uses less memory ({_megabytes(mem) if mem else 'None'})"
+            f" than the minimum required ({_megabytes(MIN_MEM)})"
+        )
+    if res.scalar("disk") <= 0:
+        raise Invalid(f"Executor '{executor_id}' uses no disk")
+
+
+def _megabytes(mb: int) -> str:
+    """Mesos's Bytes printed: the largest unit that loses nothing (``32MB``, ``2GB``)."""
+    for unit, size in (("TB", 1024 * 1024), ("GB", 1024)):
+        if mb % size == 0:
+            return f"{mb // size}{unit}"
+    return f"{mb}MB"

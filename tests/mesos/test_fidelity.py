@@ -1,10 +1,11 @@
 """The checks of ``tests/mesos_fidelity.py`` on real Mesos 1.11: what the minicluster is held to
 (``tests/test_minicluster_fidelity.py`` runs the same functions on it).
 
-The framework-user check runs on ``PELOTON_TEST_MESOS_MASTER`` when set (it launches two
-``true`` tasks, which its agents drop); the others need agents of a given shape and start local
-real clusters. What the local real cluster cannot show (tasks switched to the framework's user:
-its executors are stand-ins that ignore the user) stays on the minicluster.
+The framework-user and bad-executor checks run on ``PELOTON_TEST_MESOS_MASTER`` when set
+(their tasks are dropped by the agents or refused by the master: nothing runs); the others need
+agents of a given shape and start local real clusters. What the local real cluster cannot
+show (tasks switched to the framework's user: its executors are stand-ins that ignore the user)
+stays on the minicluster.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ def test_an_empty_or_unknown_user_fails_every_executor(
     mesos: RealCluster, user: str, partition_aware: bool
 ) -> None:
     fidelity.check_unknown_user_fails_every_executor(mesos.master, user, partition_aware)
+
+
+def test_bad_executors_and_agents_are_refused(mesos: RealCluster) -> None:
+    fidelity.check_bad_executors_and_agents_are_refused(mesos.master)
 
 
 @pytest.mark.local_shape
