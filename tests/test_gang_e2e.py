@@ -43,6 +43,8 @@ if mode == "discover":
     listeners = []
     for p in (int(port), int(env["PELOTON_PORT_HTTP"])):
         s = socket.socket()
+        # As servers do: a port an earlier test's connections left in TIME_WAIT is free to bind.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, p))
         s.listen()
         listeners.append(s)

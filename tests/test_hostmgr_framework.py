@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from support import make_spec
 from test_hostmgr_offers import raw_offer
 
+from peloton.errors import InvalidArgument
 from peloton.gang import Gang
 from peloton.hostmgr.framework import HostManager, MesosSettings
 from peloton.hostmgr.metrics import HostmgrMetrics
@@ -274,6 +275,21 @@ def test_the_framework_user_is_configurable(
         assert sub["subscribe"]["framework_info"]["user"] == "trainer"
     finally:
         hm.stop()
+
+
+def test_a_daemon_user_without_a_name_must_name_the_framework_user(
+    master: ScriptedMaster, db: Database, jobs: JobManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def nameless(uid: int) -> pwd.struct_passwd:
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", nameless)
+    store, metrics = SqlHostStore(db), HostmgrMetrics(CollectorRegistry())
+    with pytest.raises(InvalidArgument) as info:
+        HostManager(MesosSettings(master=master.address), jobs, store, metrics)
+    assert info.value.field == "mesos_user" and f"uid {os.getuid()}" in str(info.value)
+    settings = MesosSettings(master=master.address, user="trainer")
+    assert HostManager(settings, jobs, store, HostmgrMetrics(CollectorRegistry())) is not None
 
 
 def test_idle_offers_are_declined_with_a_filter_and_offers_suppressed_then_revived(

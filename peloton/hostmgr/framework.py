@@ -24,7 +24,7 @@ from typing import Any
 
 from pymesos import MesosSchedulerDriver, Scheduler
 
-from peloton.errors import FailedPrecondition, NotFound, Unavailable
+from peloton.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from peloton.hostmgr import states as mesos_states
 from peloton.hostmgr.acks import Acknowledger
 from peloton.hostmgr.hosts import HostRegistry, HostState, HostStore
@@ -69,12 +69,18 @@ class MesosSettings:
 
 
 def current_user() -> str:
-    """The name of the user this process runs as (its uid where it has no name)."""
+    """The name of the user this process runs as. InvalidArgument (naming ``mesos_user``) if
+    its uid has no name: agents look the framework's user up by name and drop every task of
+    one they do not know."""
     uid = os.getuid()
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return str(uid)
+        raise InvalidArgument(
+            "mesos_user",
+            f"the daemon runs as uid {uid}, which has no user name: set mesos_user to a user "
+            "that exists on every agent",
+        ) from None
 
 
 def parse_attempt_id(task_id: str) -> tuple[str, int, int] | None:
@@ -124,6 +130,7 @@ class HostManager:
         from peloton.placement.firstfit import EXECUTOR_RESOURCES
 
         self.settings = settings
+        self._user = settings.user or current_user()
         self._jobs = jobs
         self._store = store
         self.metrics = metrics
@@ -184,7 +191,7 @@ class HostManager:
     def _framework_info(self) -> dict[str, Any]:
         s = self.settings
         info: dict[str, Any] = {
-            "user": s.user or current_user(),
+            "user": self._user,
             "name": s.framework_name,
             "roles": [s.role],
             "failover_timeout": s.failover_timeout_seconds,
