@@ -339,20 +339,36 @@ class Peloton:
         return self.client.create_job(make_spec(instances, command=command, gpu=gpu, **spec)).job_id
 
     def wait_running(self, job_id: str, timeout: float = 30) -> None:
-        """Until every task of the job is RUNNING."""
+        """Until every task of the job is RUNNING (the states shown on timeout)."""
         wait_for(
             lambda: set(task_states(self, job_id).values()) == {"TASK_STATE_RUNNING"},
             timeout,
             "every task RUNNING",
             interval=0.1,
+            state=lambda: self.describe(job_id),
         )
 
     def wait_done(self, job_id: str, timeout: float = 60) -> job_pb2.Job:
+        """Until the job ended (the states shown on timeout)."""
+
         def done() -> job_pb2.Job | None:
             job = self.client.get_job(job_id)
             return job if job.state in DONE else None
 
-        return wait_for(done, timeout, f"job {job_id} to end", interval=0.2)
+        return wait_for(
+            done, timeout, f"job {job_id} to end", interval=0.2, state=lambda: self.describe(job_id)
+        )
+
+    def describe(self, job_id: str) -> str:
+        """The job's state and reason, and each task's state, attempt, host and reason."""
+        job = self.client.get_job(job_id)
+        tasks = [
+            f"{t.instance_id}: {job_pb2.TaskState.Name(t.current.state)} attempt "
+            f"{t.current.attempt} on {t.current.host or '-'} {t.current.reason} "
+            f"{t.current.message}".rstrip()
+            for t in self.client.list_tasks(job_id).tasks
+        ]
+        return f"job {job_pb2.JobState.Name(job.state)} {job.reason} {job.message}; tasks {tasks}"
 
     def close(self) -> None:
         self.client.close()

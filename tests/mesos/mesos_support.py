@@ -34,10 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon import DONE, Peloton, wait_for
+from daemon import Peloton, wait_for
 from realcluster import RealCluster, start_real_cluster
-
-from peloton.v1 import job_pb2
 
 MASTER_ENV = "PELOTON_TEST_MESOS_MASTER"
 RealClusterFactory = Callable[..., RealCluster]
@@ -124,36 +122,8 @@ class MesosPeloton(Peloton):
 
         return wait_for(registered, 30, f"framework {self.framework_name} at the master", 0.1)
 
-    def wait_done(self, job_id: str, timeout: float = 60) -> job_pb2.Job:
-        """Until the job ends; on timeout the message shows the job's and its tasks' states and
-        what the master holds for the framework."""
-
-        def done() -> job_pb2.Job | None:
-            job = self.client.get_job(job_id)
-            return job if job.state in DONE else None
-
-        return wait_for(
-            done, timeout, f"job {job_id} to end", 0.2, state=lambda: self.describe(job_id)
-        )
-
-    def wait_running(self, job_id: str, timeout: float = 30) -> None:
-        """Until every task of the job is RUNNING (the states shown on timeout)."""
-
-        def running() -> bool:
-            tasks = self.client.list_tasks(job_id).tasks
-            return {t.state for t in tasks} == {job_pb2.TASK_STATE_RUNNING}
-
-        wait_for(running, timeout, "every task RUNNING", 0.1, state=lambda: self.describe(job_id))
-
     def describe(self, job_id: str) -> str:
         """The job's and its tasks' states, and what the master holds for the framework."""
-        job = self.client.get_job(job_id)
-        tasks = [
-            f"{t.instance_id}: {job_pb2.TaskState.Name(t.current.state)} attempt "
-            f"{t.current.attempt} on {t.current.host or '-'} {t.current.reason} "
-            f"{t.current.message}".rstrip()
-            for t in self.client.list_tasks(job_id).tasks
-        ]
         ours = [f for f in self.cluster.frameworks() if f["name"] == self.framework_name]
         master = (
             {
@@ -163,10 +133,7 @@ class MesosPeloton(Peloton):
             if ours
             else "framework not registered"
         )
-        return (
-            f"job {job_pb2.JobState.Name(job.state)} {job.reason} {job.message}; "
-            f"tasks {tasks}; master {master}"
-        )
+        return f"{super().describe(job_id)}; master {master}"
 
     def close(self) -> None:
         """Stop the daemon, then tear its framework down (its tasks end with it)."""
