@@ -66,28 +66,19 @@ def kill_all(pids: list[int]) -> None:
 
 
 @pytest.mark.local_shape
-def test_a_killed_task_process_restarts_the_whole_gang(
-    make_peloton: PelotonFactory, local_cluster: RealCluster
+@pytest.mark.parametrize("victim", ["task process", "executor"])
+def test_a_killed_task_process_or_executor_restarts_the_whole_gang(
+    make_peloton: PelotonFactory, local_cluster: RealCluster, victim: str
 ) -> None:
     peloton = make_peloton(local_cluster)
     spec = make_spec(2, command=HANG_FIRST, max_failures=1, backoff_seconds=0)
     spec.placement = "spread"
     job_id = peloton.client.create_job(spec).job_id
     peloton.wait_running(job_id)
-    kill_all(local_cluster.task_processes(f"{job_id}-1-1"))
-    restarted_whole(peloton, job_id, 2)
-
-
-@pytest.mark.local_shape
-def test_a_killed_executor_restarts_the_whole_gang(
-    make_peloton: PelotonFactory, local_cluster: RealCluster
-) -> None:
-    peloton = make_peloton(local_cluster)
-    spec = make_spec(2, command=HANG_FIRST, max_failures=1, backoff_seconds=0)
-    spec.placement = "spread"
-    job_id = peloton.client.create_job(spec).job_id
-    peloton.wait_running(job_id)
-    kill_all(local_cluster.executor_processes(f"{job_id}-0-1"))
+    if victim == "executor":
+        kill_all(local_cluster.executor_processes(f"{job_id}-0-1"))
+    else:
+        kill_all(local_cluster.task_processes(f"{job_id}-1-1"))
     restarted_whole(peloton, job_id, 2)
 
 
