@@ -26,6 +26,7 @@ from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.metrics import JobMetrics
 from peloton.jobmgr.states import JobState, TaskState
 from peloton.metrics import Metrics, StateCounts
+from peloton.resmgr.admission import NO_HOSTS_YET
 from peloton.resmgr.manager import ResourceManager
 from peloton.resmgr.metrics import ResmgrMetrics
 from peloton.storage import jobs as job_repo
@@ -47,6 +48,10 @@ SERVICE_NAMES = (
     pool_pb2.DESCRIPTOR.services_by_name["PoolService"].full_name,
     host_pb2.DESCRIPTOR.services_by_name["HostService"].full_name,
 )
+
+
+# The pending reason of every gang of a daemon that has no Mesos master to launch on.
+NO_MASTER = f"{NO_HOSTS_YET}: no Mesos master is configured (--mesos-master), nothing launches"
 
 
 class Server:
@@ -80,7 +85,12 @@ class Server:
             raise
         self.db = db
         self.jobs = JobManager(db, metrics=JobMetrics(self.metrics.registry))
-        self.resmgr = ResourceManager(db, self.jobs, metrics=ResmgrMetrics(self.metrics.registry))
+        self.resmgr = ResourceManager(
+            db,
+            self.jobs,
+            metrics=ResmgrMetrics(self.metrics.registry),
+            no_hosts=NO_HOSTS_YET if self.config.mesos_master else NO_MASTER,
+        )
         self.jobs.set_scheduler(self.resmgr)
         self._build_hosts(db, self.jobs, self.resmgr)
         self._register_state_gauges(db)
@@ -133,6 +143,8 @@ class Server:
                 "database": db.dialect,
             },
         )
+        if not self.config.mesos_master:
+            log.warning("no Mesos master configured (mesos_master): jobs wait, nothing launches")
 
     def _build_hosts(self, db: Database, jobs: JobManager, resmgr: ResourceManager) -> None:
         """The host registry; with a Mesos master also the framework and the launcher (started

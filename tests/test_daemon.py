@@ -225,6 +225,9 @@ def test_sigterm_with_an_open_watch_exits_cleanly(tmp_path: Path) -> None:
         assert errors == []
         assert '"msg": "peloton server stopped"' in d.stderr
         assert "Traceback" not in d.stderr
+        # This daemon has no Mesos master: it says so at start, as a warning.
+        warned = [line for line in d.stderr.splitlines() if "no Mesos master configured" in line]
+        assert len(warned) == 1 and '"level": "warning"' in warned[0], d.stderr
 
 
 def test_config_file_environment_and_flag_precedence(tmp_path: Path) -> None:

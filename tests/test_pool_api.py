@@ -142,7 +142,10 @@ def test_metrics_and_pending_reason_follow_the_cluster(
     job = client.create_job(preemptible(make_spec(3, pool="/vision", gpu=2)))
     assert server.resmgr is not None
     server.resmgr.run_cycle()
-    assert client.get_job(job.job_id).message == "no hosts known yet"
+    # This daemon has no Mesos master: the reason says so.
+    assert client.get_job(job.job_id).message == (
+        "no hosts known yet: no Mesos master is configured (--mesos-master), nothing launches"
+    )
 
     server.resmgr.set_capacity(Resources(cpu=64, mem_mb=65536, disk_mb=1e6, gpu=8))
     server.resmgr.run_cycle()

@@ -30,6 +30,7 @@ from peloton.resources import EPSILON, KINDS, ZERO, Resources
 
 # Job reasons (short codes stored with the job; the message says the rest).
 PENDING_NO_HOSTS = "no_hosts"
+NO_HOSTS_YET = "no hosts known yet"
 PENDING_ENTITLEMENT = "pool_entitlement"
 PENDING_RESERVATION = "pool_reservation"
 PENDING_CLUSTER = "cluster_capacity"
@@ -112,15 +113,17 @@ def admit(
     room: Room,
     cluster_free: Resources,
     capacity: Resources | None,
+    no_hosts: str = NO_HOSTS_YET,
 ) -> Decision:
     """Admit what fits from ``queue`` (already in admission order) into ``room``.
 
-    ``capacity`` is the cluster's total, or None while no host has reported any.
+    ``capacity`` is the cluster's total, or None while no host has reported any (then every
+    gang waits, with ``no_hosts`` as the message).
     """
     decision = Decision(cluster_free=cluster_free)
     if capacity is None:
         for gang in queue:
-            decision.pending[gang.key] = (PENDING_NO_HOSTS, "no hosts known yet")
+            decision.pending[gang.key] = (PENDING_NO_HOSTS, no_hosts)
         return decision
     allocation, np_allocation = room.allocation, room.np_allocation
     free = cluster_free

@@ -147,8 +147,11 @@ class ResourceManager:
         metrics: ResmgrMetrics | None = None,
         clock: Callable[[], float] = time.time,
         cycle_seconds: float = 1.0,
+        no_hosts: str = admission.NO_HOSTS_YET,
     ) -> None:
+        """``no_hosts``: why gangs wait while no host is known (e.g. no Mesos master)."""
         self._db = db
+        self._no_hosts = no_hosts
         self._jobs = jobs
         self._clock = clock
         self._cycle_seconds = cycle_seconds
@@ -527,6 +530,7 @@ class ResourceManager:
             self._room(pool, ents, usage),
             free,
             self._capacity,
+            self._no_hosts,
         )
         for key, (_, message) in decision.infeasible.items():
             self._fail(key, message)
