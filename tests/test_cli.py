@@ -1,7 +1,7 @@
 """The ``peloton`` command as a subprocess against a real daemon: output, exit codes, errors.
 
 Exit codes: 0 ok; 1 the server refused or could not be reached; 2 usage or validation error.
-Every error is one line on stderr (``error: ...``, or click's usage message) and no traceback.
+Every error is one line on stderr (``error: ...``), usage errors included, and no traceback.
 """
 
 from __future__ import annotations
@@ -102,13 +102,15 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
 
 
 def usage_error(result: subprocess.CompletedProcess[str]) -> str:
-    """A click usage error: exit 2, the usage message, no traceback."""
+    """A click usage error: exit 2, one ``error:`` line naming the command's --help, no usage
+    block, nothing on stdout."""
     assert result.returncode == 2, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr
-    assert result.stderr.startswith("Usage: peloton "), result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
-    assert len(errors) == 1, result.stderr
-    return errors[0]
+    line = error_line(result)
+    assert line.startswith("error: "), line
+    assert re.search(r" \(see: peloton( [a-z]+)* --help\)$", line), line
+    assert "Usage:" not in result.stderr
+    assert result.stdout == ""
+    return line
 
 
 def failure(result: subprocess.CompletedProcess[str], code: int) -> str:
@@ -368,6 +370,44 @@ def test_validation_errors_exit_2(cli: Cli) -> None:
     assert "--state" in usage_error(cli("job", "list", "--state", "sleeping"))
     assert "--limit" in usage_error(cli("job", "list", "--limit", "0"))
     usage_error(cli("job", "frobnicate"))
+
+
+def test_every_usage_error_is_one_line(cli: Cli) -> None:
+    absent = str(cli.workdir / "absent.yaml")
+    line = usage_error(cli("job", "submit", absent))
+    assert line == (
+        f"error: invalid value for FILE: cannot read {absent}: No such file or directory"
+        " (see: peloton job submit --help)"
+    )
+    line = usage_error(cli("pool", "create", absent))
+    assert line.startswith(f"error: invalid value for FILE: cannot read {absent}")
+    line = usage_error(cli("job", "list", "--stat", "x"))
+    assert line == (
+        "error: no such option '--stat'. Did you mean '--state'? (see: peloton job list --help)"
+    )
+    assert usage_error(cli("job", "get")) == (
+        "error: missing argument 'JOB_ID' (see: peloton job get --help)"
+    )
+    assert usage_error(cli("task", "get", "some-job")) == (
+        "error: missing argument 'INSTANCE' (see: peloton task get --help)"
+    )
+    assert usage_error(cli("job", "frobnicate")) == (
+        "error: no such command 'frobnicate' (see: peloton job --help)"
+    )
+    assert usage_error(cli("frobnicate")) == (
+        "error: no such command 'frobnicate' (see: peloton --help)"
+    )
+    line = usage_error(run_peloton("--server"))
+    assert line == "error: option '--server' requires an argument (see: peloton --help)"
+    line = usage_error(cli("job", "list", "-o", "xml"))
+    assert line.startswith("error: invalid value for '--output' / '-o': 'xml' is not one of ")
+    assert list(cli.client.iter_jobs()) == []
+
+    # A group alone asks for its help: the help, not an error (exit 2 as click does).
+    alone = cli("job")
+    assert alone.returncode == 2
+    assert "Commands:" in alone.stderr
+    assert "submit" in alone.stderr
 
 
 def test_unreachable_server_fails_fast_in_one_line(tmp_path: Path) -> None:

@@ -55,6 +55,16 @@ def cli_error(exc: Exception, server: str = "") -> CliError:
     return CliError(f"internal error: {exc.__class__.__name__}: {exc}")
 
 
+def usage_error(exc: click.UsageError) -> CliError:
+    """A click usage error (bad option or value, missing argument or file) as one line: click's
+    message and where the help is, without the usage block."""
+    message = exc.format_message().strip().rstrip(".")
+    message = message[:1].lower() + message[1:]
+    command = exc.ctx.command_path if exc.ctx is not None else "peloton"
+    message += f" (see: {command} --help)"
+    return CliError(message, EXIT_USAGE)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option(
     "--server",
@@ -120,6 +130,13 @@ def main() -> None:
     except CliError as exc:
         exc.show()
         sys.exit(exc.code)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()  # `peloton` or `peloton job` alone: the help, as asked
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        err = usage_error(exc)
+        err.show()
+        sys.exit(err.code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
