@@ -12,6 +12,7 @@ from test_placement_engine import clusters, gang, host
 from peloton.gang import Gang
 from peloton.hostmgr.offers import HostOffers
 from peloton.placement import engine
+from peloton.placement.firstfit import EXECUTOR_RESOURCES, matches
 from peloton.resources import Resources
 from peloton.v1 import job_pb2
 
@@ -68,6 +69,68 @@ def test_a_cpu_bound_host_is_not_blamed_on_gpus() -> None:
     assert reason(gang(2, gpu=8, cpu=8), hosts) == (
         "needs 2 hosts with room for a task (gpu 8, cpu 8, mem_mb 1024); 1 host has it"
     )
+
+
+def test_cpus_that_bind_are_named_not_the_gpus_hosts_have_plenty_of() -> None:
+    # Two 8-cpu, 4-GPU hosts and a gang of four 4-cpu one-GPU tasks: GPUs are plenty, the
+    # cpus hold one task per host (two would need 8 plus the executor's 0.1).
+    hosts = [host("a", 4, cpu=8), host("b", 4, cpu=8)]
+    assert reason(gang(4, gpu=1, cpu=4), hosts) == (
+        "needs 4 tasks of gpu 1, cpu 4, mem_mb 1024; the hosts with room hold 2 (1 each): "
+        "cpus binds: a task needs 4 cpus plus 0.1 for the executor; a host has 8 free"
+    )
+    assert engine.never_fits(gang(4, gpu=1, cpu=4), hosts) == (
+        "needs 4 tasks of gpu 1, cpu 4, mem_mb 1024; the hosts with room hold 2 (1 each): "
+        "cpus binds: a task needs 4 cpus plus 0.1 for the executor; a host has 8"
+    )
+
+
+def test_a_task_too_big_in_several_kinds_names_each() -> None:
+    assert reason(gang(1, gpu=16, cpu=128), [host("a", 8, cpu=64, ports=0)]) == (
+        "task needs 128 cpus; the largest host has 64 free; and task needs 16 GPUs; the largest "
+        "host has 8 free; and task needs 1 port (0 named, 1 for PELOTON_PEERS); the largest "
+        "host has 0 free"
+    )
+
+
+def test_ports_that_bind_are_named() -> None:
+    hosts = [host("a", 8, ports=3), host("b", 8, ports=3)]
+    assert reason(gang(3, gpu=1, ports=2), hosts) == (
+        "needs 3 tasks of gpu 1, cpu 1, mem_mb 1024; the hosts with room hold 2 (1 each): "
+        "ports binds: a task needs 3 ports; a host has 3 free"
+    )
+
+
+# Words of a reason that name a resource kind as what binds (not the request's own listing).
+_NAMED = {"cpus": "cpu", "GPU": "gpu", "memory": "mem_mb", "disk": "disk_mb"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters())
+def test_the_resource_a_reason_names_is_one_that_binds(
+    case: tuple[list[HostOffers], list[Gang]],
+) -> None:
+    """Whatever resource a pending reason names binds: asking for less of it would let more
+    tasks on a host that has room for some (it is what runs out first there), or, where no host
+    has room for one task, no host has enough of it."""
+    hosts, gangs = case
+    classes = engine.Snapshot(hosts).classes()
+    for g in gangs:
+        placed = engine.place(g, hosts)
+        if placed.hosts is not None:
+            continue
+        said = placed.reason.split(" rules out")[0]  # not the constraints' part
+        named = {kind for word, kind in _NAMED.items() if word in said}
+        per, nports = g.per_task, g.ports_per_task
+        matching = [c for c in classes if matches(g.spec.task.constraints, c.attributes)]
+        roomy = [c for c in matching if c.capacity(per, nports) > 0]
+        binders = {b for c in roomy for b in c.binders(per, nports)}
+        for kind in named:
+            if roomy:
+                assert kind in binders, (placed.reason, kind, binders)
+            else:
+                need = per.get(kind) + EXECUTOR_RESOURCES.get(kind)
+                assert all(need > c.free.get(kind) for c in matching), (placed.reason, kind)
 
 
 def test_too_big_names_the_kind_and_the_executor_share() -> None:

@@ -108,6 +108,21 @@ class HostClass:
             fit = min(fit, self.ports // ports)
         return max(0, int(min(fit, _UNBOUNDED)))
 
+    def binders(self, per_task: Resources, ports: int) -> list[str]:
+        """The kinds (and ``ports``) that cap how many tasks one of these hosts holds: those
+        whose share of the host, the executor's taken first, is used up first."""
+        cap = self.capacity(per_task, ports)
+        room = self.free - EXECUTOR_RESOURCES
+        out = [
+            k
+            for k in KINDS
+            if per_task.get(k) > EPSILON
+            and math.floor((room.get(k) + EPSILON) / per_task.get(k)) == cap
+        ]
+        if ports and self.ports // ports == cap:
+            out.append("ports")
+        return out
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -400,24 +415,25 @@ def _too_big(gang: Gang, matching: list[HostClass], free: str) -> str:
     """No matching host holds one task: the kind (or ports) that no host has enough of."""
     per, ports = gang.per_task, gang.ports_per_task
     scope = "matching host" if gang.spec.task.constraints else "host"
+    short: list[str] = []  # every kind no host has enough of, each with its largest host
     for kind in KINDS:
         need, most = per.get(kind), max(c.free.get(kind) for c in matching)
         executor = EXECUTOR_RESOURCES.get(kind)
         if need > EPSILON and need + executor > most + EPSILON:
             # The executor's share is what tips a host that has exactly the task's amount.
             plus = f" plus {executor:g} for the executor" if need <= most + EPSILON else ""
-            return (
+            short.append(
                 f"task needs {_amount(need, _UNITS[kind])}{plus}; "
                 f"the largest {scope} has {format_amount(most)}{free}"
             )
     most_ports = max(c.ports for c in matching)
     if ports > most_ports:
         named = len(gang.spec.task.ports)
-        return (
+        short.append(
             f"task needs {_amount(ports, 'ports')} ({named} named, 1 for PELOTON_PEERS); "
             f"the largest {scope} has {most_ports}{free}"
         )
-    return f"no {scope} has room for one task ({describe(per)})"
+    return "; and ".join(short) or f"no {scope} has room for one task ({describe(per)})"
 
 
 def _too_few(gang: Gang, matching: list[HostClass], eligible: Eligible, free: str) -> str:
@@ -428,6 +444,12 @@ def _too_few(gang: Gang, matching: list[HostClass], eligible: Eligible, free: st
         groups = _by_model(eligible)
         model, group = max(groups.items(), key=lambda mg: _room(mg[1]))
         models = len(groups)
+    binders = sorted(
+        {b for c, _ in group for b in c.binders(per, gang.ports_per_task)}, key=_BINDER_ORDER.index
+    )
+    if binders and "gpu" not in binders:
+        # Hosts have the GPUs for more tasks: name what stops them, the executor's share in it.
+        return _other_bound(gang, group, binders, free)
     if max(cap for _, cap in group) == 1:  # a task per host: count hosts
         return _too_few_hosts(gang, matching, group, models > 1, free)
     named = f" {model}" if model else ""
@@ -441,6 +463,30 @@ def _too_few(gang: Gang, matching: list[HostClass], eligible: Eligible, free: st
             f"the{named} hosts have {format_amount(gpus)}{free}"
         )
     return f"needs {_ask(gang)} on one GPU model; the hosts with{free}{named} GPUs {room}"
+
+
+def _other_bound(gang: Gang, group: Eligible, binders: list[str], free: str) -> str:
+    """'...; the hosts with room hold 2 (1 each): cpus bind: ...': not GPUs but ``binders``
+    (kinds or ports) keep the hosts from holding the gang."""
+    per, nports = gang.per_task, gang.ports_per_task
+    top, most = max(group, key=lambda cc: cc[1])
+    each = " each" if all(cap == most for _, cap in group) else " on the largest host"
+    kind = binders[0]
+    if kind == "ports":
+        detail = f"a task needs {_amount(nports, 'ports')}; a host has {top.ports}{free}"
+    else:
+        unit, executor = _UNITS[kind], EXECUTOR_RESOURCES.get(kind)
+        plus = f" plus {executor:g} for the executor" if executor > EPSILON else ""
+        detail = (
+            f"a task needs {_amount(per.get(kind), unit)}{plus}; "
+            f"a host has {format_amount(top.free.get(kind))}{free}"
+        )
+    names = " and ".join(_BINDER_NAMES[b] for b in binders)
+    verb = "binds" if len(binders) == 1 else "bind"
+    return (
+        f"needs {_ask(gang)}; the hosts with room hold {_room(group)} ({most}{each}): "
+        f"{names} {verb}: {detail}"
+    )
 
 
 def _too_few_hosts(
@@ -495,6 +541,15 @@ def _describe(c: job_pb2.Constraint) -> str:
 
 # Resource kinds as reasons name them.
 _UNITS = {"cpu": "cpus", "mem_mb": "MB of memory", "disk_mb": "MB of disk", "gpu": "GPUs"}
+# What can bind a host's room for tasks, as named when it does.
+_BINDER_NAMES = {
+    "cpu": "cpus",
+    "mem_mb": "memory",
+    "disk_mb": "disk",
+    "gpu": "GPUs",
+    "ports": "ports",
+}
+_BINDER_ORDER = ["gpu", "cpu", "mem_mb", "disk_mb", "ports"]
 
 
 def _amount(value: float, unit: str) -> str:
