@@ -25,13 +25,43 @@ import grpc
 from peloton.v1 import host_pb2, host_pb2_grpc, job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
 
 R = TypeVar("R")
-DEFAULT_SERVER = "127.0.0.1:5392"
+DEFAULT_PORT = 5392
+DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
 # Large pages of tasks with long attempt histories exceed gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
 def default_server() -> str:
     return os.environ.get("PELOTON_SERVER", DEFAULT_SERVER)
+
+
+def server_address(server: str) -> str:
+    """The gRPC target for ``HOST[:PORT]``: a HOST alone means port 5392 (gRPC would dial 443).
+
+    IPv6 hosts are written in brackets (``[::1]:5392``; a bare ``::1`` is taken as a host).
+    Targets with a gRPC scheme (``dns:///host:port``, ``unix:/path``) are used as they are.
+    Raises ValueError for an empty host or a port that is not 1..65535.
+    """
+    text = server.strip()
+    if "://" in text or text.startswith(("unix:", "unix-abstract:", "ipv4:", "ipv6:")):
+        return text
+    if text.startswith("["):
+        end = text.find("]")
+        host, rest = text[: end + 1], text[end + 1 :]
+        if end < 2 or (rest and not rest.startswith(":")):
+            raise ValueError(f"{server!r} is not [IPV6]:PORT")
+        port = rest[1:] if rest else str(DEFAULT_PORT)
+    elif text.count(":") > 1:
+        host, port = f"[{text}]", str(DEFAULT_PORT)
+    else:
+        host, sep, port = text.partition(":")
+        if not sep:
+            port = str(DEFAULT_PORT)
+        if not host:
+            raise ValueError(f"{server!r} has no host (HOST or HOST:PORT)")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{server!r}: the port must be a number from 1 to 65535")
+    return f"{host}:{int(port)}"
 
 
 class ClientError(Exception):
@@ -50,10 +80,11 @@ def _error(exc: grpc.RpcError) -> ClientError:
 
 
 class PelotonClient:
-    """Typed methods for every RPC; ``timeout`` (seconds) bounds each unary call."""
+    """Typed methods for every RPC; ``timeout`` (seconds) bounds each unary call. ``server`` is
+    ``HOST[:PORT]`` (port 5392 by default), else PELOTON_SERVER, else 127.0.0.1:5392."""
 
     def __init__(self, server: str | None = None, *, timeout: float = 30.0) -> None:
-        self.server = server or default_server()
+        self.server = server_address(server or default_server())
         self.timeout = timeout
         self._channel = grpc.insecure_channel(
             self.server, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]

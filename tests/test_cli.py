@@ -7,6 +7,7 @@ Every error is one line on stderr (``error: ...``), usage errors included, and n
 from __future__ import annotations
 
 import json
+import random
 import re
 import selectors
 import subprocess
@@ -31,7 +32,8 @@ from daemon import (
 )
 from support import TO_RUNNING, make_spec
 
-from peloton.client import PelotonClient
+from peloton.client import DEFAULT_PORT, PelotonClient, server_address
+from peloton.config import ServerConfig
 from peloton.jobmgr.states import TaskState
 from peloton.server import Server
 from peloton.v1 import job_pb2
@@ -426,6 +428,67 @@ def test_server_address_from_the_environment(cli: Cli) -> None:
     result = run_peloton("job", "get", job_id, env=env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["job_id"] == job_id
+
+
+def test_server_without_a_port_is_port_5392(tmp_path: Path) -> None:
+    # A daemon on port 5392 of a loopback address of its own (all of 127/8 is this machine's),
+    # so another daemon on 127.0.0.1:5392 neither hides nor answers for it.
+    host = f"127.{random.randrange(1, 255)}.{random.randrange(256)}.{random.randrange(1, 255)}"
+    config = ServerConfig(
+        db_url=migrated_sqlite_url(tmp_path),
+        grpc_host=host,
+        grpc_port=DEFAULT_PORT,
+        metrics_port=0,
+        data_dir=tmp_path / "data",
+    )
+    server = Server(config)
+    server.start()
+    try:
+        assert server.grpc_port == DEFAULT_PORT
+        with PelotonClient(host, timeout=10) as client:
+            job_id = client.create_job(make_spec(1, name="no-port")).job_id
+        for argv, env in (
+            (["--server", host], {}),
+            (["-s", host], {}),
+            ([], {"PELOTON_SERVER": host}),
+        ):
+            result = run_peloton(*argv, "job", "list", "-o", "json", env=env)
+            assert result.returncode == 0, (argv, env, result.stderr)
+            assert [j["job_id"] for j in json.loads(result.stdout)["jobs"]] == [job_id]
+    finally:
+        server.stop(grace=1.0)
+
+    # Nothing there now: the error names the port dialled.
+    line = failure(run_peloton("--timeout", "2", "job", "list", server=host), 1)
+    assert line.startswith(f"error: cannot reach the peloton server at {host}:5392: ")
+
+
+@pytest.mark.parametrize(
+    ("given", "target"),
+    [
+        ("db.example", "db.example:5392"),
+        ("db.example:7000", "db.example:7000"),
+        ("[::1]", "[::1]:5392"),
+        ("[::1]:7000", "[::1]:7000"),
+        ("::1", "[::1]:5392"),
+        ("dns:///db.example:7000", "dns:///db.example:7000"),
+        ("unix:/run/peloton.sock", "unix:/run/peloton.sock"),
+    ],
+)
+def test_server_address_forms(given: str, target: str) -> None:
+    assert server_address(given) == target
+
+
+def test_bad_server_addresses_are_usage_errors() -> None:
+    for bad, why in (
+        ("db.example:http", "the port must be a number from 1 to 65535"),
+        ("db.example:0", "the port must be a number from 1 to 65535"),
+        (":7000", "has no host"),
+        ("[::1", "is not [IPV6]:PORT"),
+    ):
+        line = usage_error(run_peloton("job", "list", server=bad))
+        assert line.startswith(f"error: invalid value for '--server' / '-s': {bad!r}"), line
+        assert why in line, line
 
 
 def test_completion_script() -> None:

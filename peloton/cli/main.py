@@ -12,7 +12,7 @@ import sys
 import click
 import grpc
 
-from peloton.client import ClientError, default_server
+from peloton.client import ClientError, default_server, server_address
 from peloton.errors import InvalidArgument, PelotonError
 
 EXIT_SERVER = 1
@@ -65,13 +65,21 @@ def usage_error(exc: click.UsageError) -> CliError:
     return CliError(message, EXIT_USAGE)
 
 
+def _server(value: str) -> str:
+    try:
+        return server_address(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option(
     "--server",
     "-s",
     default=default_server,
     show_default="PELOTON_SERVER or 127.0.0.1:5392",
-    help="Address of the peloton server (HOST:PORT).",
+    callback=lambda _ctx, _param, value: _server(value),
+    help="Address of the peloton server: HOST[:PORT], port 5392 if left out ([IPV6]:PORT).",
 )
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for each call.")
 @click.version_option(package_name="peloton")
