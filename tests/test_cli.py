@@ -233,6 +233,66 @@ def test_job_list_filters_and_formats(cli: Cli) -> None:
     assert [j["job_id"] for j in everything["jobs"]] == [d, b, a]
 
 
+def test_pool_list(cli: Cli) -> None:
+    vision = cli.workdir / "vision.yaml"
+    vision.write_text(
+        "path: /cv\nowner: cv-team\nqueue_policy: fifo\n"
+        "resources:\n  gpu: {reservation: 2, limit: 8}\n"
+    )
+    assert cli.ok("pool", "create", str(vision)).strip() == "pool /cv created"
+    job_id = cli.client.create_job(make_spec(1, pool="/cv", gpu=1)).job_id
+
+    data = cli.data("pool", "list")
+    assert list(data) == ["pools"]
+    paths = [p["spec"]["path"] for p in data["pools"]]
+    assert paths == [p.spec.path for p in cli.client.list_pools()]  # parents first
+    assert paths[0] == "/"
+    assert {"/default", "/cv", "/nlp"} <= set(paths)
+    cv = data["pools"][paths.index("/cv")]
+    assert cv["spec"]["owner"] == "cv-team"
+    assert cv["spec"]["queue_policy"] == "QUEUE_POLICY_FIFO"
+    assert cv["spec"]["resources"]["gpu"]["reservation"] == 2
+    assert cv["spec"]["resources"]["gpu"]["limit"] == 8
+    assert cv["children"] == []
+    # Every field, zero values included: a script need not guess what is missing.
+    assert set(cv) == {"spec", "status", "children", "queued_gangs"}
+    assert set(cv["status"]) == {"cpu", "mem_mb", "disk_mb", "gpu"}
+    assert cv["status"]["cpu"]["borrowed"] == 0
+    assert cv["status"]["gpu"]["reservation"] == 2
+    research = data["pools"][paths.index("/research")]
+    assert research["children"] == ["/research/nlp", "/research/vision"]
+    assert research["spec"]["owner"] == ""
+    assert research["queued_gangs"] == 0
+
+    doc = yaml.safe_load(cli.ok("pool", "list", "-o", "yaml"))
+    assert [p["spec"]["path"] for p in doc["pools"]] == paths
+
+    table = cli.ok("pool", "list")
+    lines = table.splitlines()
+    assert lines[0].split() == [
+        "POOL",
+        "OWNER",
+        "QUEUE",
+        "QUEUED",
+        "GPU",  # the kinds in use or configured
+        "ALLOC/ENT/LIMIT",
+        "CHILDREN",
+    ]
+    rows = {line.split()[0]: line.split() for line in lines[2:] if line.strip()}
+    assert list(rows) == paths
+    assert rows["/cv"][:4] == ["/cv", "cv-team", "FIFO", "1"]
+    assert rows["/cv"][4].endswith("/8")  # the GPU limit
+    assert rows["/cv"][-1] == "-"
+    assert rows["/research"][3] == "-"  # a parent pool queues nothing itself
+    assert rows["/research"][-1] == "nlp,vision"
+    assert rows["/"][1:4] == ["-", "-", "-"]
+
+    header = cli.ok("pool", "list", "--kind", "mem_mb", "--kind", "cpu").splitlines()[0].split()
+    assert header[4:-1] == ["MEM_MB", "ALLOC/ENT/LIMIT", "CPU", "ALLOC/ENT/LIMIT"]
+    assert "--kind" in usage_error(cli("pool", "list", "--kind", "tpu"))
+    cli.client.kill_job(job_id)
+
+
 # ---------------------------------------------------------------------------- kill, restart, delete
 
 

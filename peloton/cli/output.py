@@ -37,8 +37,13 @@ def console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
 
 
-def to_dict(message: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+def to_dict(message: Message, *, every_field: bool = False) -> dict[str, Any]:
+    """The message as JSON data; ``every_field`` keeps fields at their zero value (0, "", [])."""
+    return json_format.MessageToDict(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=every_field,
+    )
 
 
 def emit_data(data: Any, fmt: str) -> None:

@@ -135,8 +135,7 @@ def get(ctx: click.Context, path: str, fmt: str) -> None:
     click.echo(f"Pool:     {spec.path}")
     if spec.path != "/":
         click.echo(f"Owner:    {spec.owner or '-'}")
-        policy = pool_pb2.QueuePolicy.Name(spec.queue_policy).removeprefix("QUEUE_POLICY_")
-        click.echo(f"Queue:    {policy} ({found.queued_gangs} gangs waiting)")
+        click.echo(f"Queue:    {_queue_policy(spec)} ({found.queued_gangs} gangs waiting)")
     click.echo(f"Children: {', '.join(found.children) or '-'}")
     rows = []
     for kind in KINDS:
@@ -170,6 +169,56 @@ def get(ctx: click.Context, path: str, fmt: str) -> None:
         "BORROWED",
         "LENT",
         "POLICY",
+    )
+    out.console().print(out.table(columns, rows))
+
+
+@pool.command(name="list")
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    type=click.Choice(KINDS),
+    help="Only these kinds' columns (repeatable); default: every kind in use or configured.",
+)
+@out.output_option
+@click.pass_context
+def pool_list(ctx: click.Context, kinds: tuple[str, ...], fmt: str) -> None:
+    """List every pool, parents first, with allocation / entitlement / limit per kind.
+
+    \b
+    QUEUED is the gangs waiting in a leaf pool; QUEUE its policy (PRIORITY_FIFO or FIFO).
+    json and yaml carry every field of every pool, zero values included.
+    """
+    with connect(ctx) as client:
+        pools = client.list_pools()
+    if fmt != "table":
+        out.emit_data({"pools": [out.to_dict(p, every_field=True) for p in pools]}, fmt)
+        return
+    shown = list(kinds) or _kinds_in_use(pools)
+    rows = []
+    for p in pools:
+        root = p.spec.path == "/"
+        rows.append(
+            (
+                p.spec.path,
+                "-" if root else p.spec.owner or "-",
+                "-" if root else _queue_policy(p.spec),
+                "-" if p.children else str(p.queued_gangs),
+                *(
+                    f"{_n(s.allocation)}/{_n(s.entitlement)}/{_limit(s)}"
+                    for s in (p.status[k] for k in shown)
+                ),
+                ",".join(_leaf_name(c) for c in p.children) or "-",
+            )
+        )
+    columns = (
+        "POOL",
+        "OWNER",
+        "QUEUE",
+        "QUEUED",
+        *(f"{k.upper()} ALLOC/ENT/LIMIT" for k in shown),
+        "CHILDREN",
     )
     out.console().print(out.table(columns, rows))
 
@@ -220,6 +269,10 @@ def _show_one(p: pool_pb2.Pool, fmt: str, line: str) -> None:
         click.echo(line)
     else:
         out.emit_data(out.to_dict(p), fmt)
+
+
+def _queue_policy(spec: pool_pb2.PoolSpec) -> str:
+    return pool_pb2.QueuePolicy.Name(spec.queue_policy).removeprefix("QUEUE_POLICY_")
 
 
 def _kinds_in_use(pools: list[pool_pb2.Pool]) -> list[str]:
