@@ -32,8 +32,10 @@ from daemon import (
 )
 from support import TO_RUNNING, make_spec
 
+from peloton.cli.output import REASON_WIDTH
 from peloton.client import DEFAULT_PORT, PelotonClient, server_address
 from peloton.config import ServerConfig
+from peloton.jobmgr.records import TaskUpdate
 from peloton.jobmgr.states import TaskState
 from peloton.server import Server
 from peloton.v1 import job_pb2
@@ -222,7 +224,7 @@ def test_job_list_filters_and_formats(cli: Cli) -> None:
     paged = cli("job", "list", "--limit", "2")
     assert paged.returncode == 0, paged.stderr
     table = paged.stdout
-    assert table.split()[:6] == ["JOB", "NAME", "POOL", "STATE", "TASKS", "CREATED"]
+    assert table.split()[:7] == ["JOB", "NAME", "POOL", "STATE", "TASKS", "CREATED", "REASON"]
     rows = [line.split() for line in table.splitlines()[2:] if line.strip()]
     assert [r[:4] for r in rows] == [
         [d, "eval-d", "/vision", "RUNNING"],
@@ -291,6 +293,59 @@ def test_pool_list(cli: Cli) -> None:
     assert header[4:-1] == ["MEM_MB", "ALLOC/ENT/LIMIT", "CPU", "ALLOC/ENT/LIMIT"]
     assert "--kind" in usage_error(cli("pool", "list", "--kind", "tpu"))
     cli.client.kill_job(job_id)
+
+
+def _rows(table: str) -> dict[str, str]:
+    """A table's lines after the header rule, by their first cell."""
+    return {line.split()[0]: line for line in table.splitlines()[2:] if line.strip()}
+
+
+def test_reasons_are_cut_in_tables_and_whole_when_wide(cli: Cli) -> None:
+    why = "the dataset moved to " + "/".join(f"shard-{i:03d}" for i in range(20))
+    killed = cli.submit()
+    cli.client.kill_job(killed, why)
+    pending = cli.submit()
+    got = cli.client.get_job(killed)
+    whole = f"{got.reason} - {why}" if got.reason else why
+
+    rows = _rows(cli.ok("job", "list"))
+    cut = rows[killed].split(None, 8)[-1].rstrip()
+    assert len(cut) == REASON_WIDTH, cut
+    assert cut.endswith("…")
+    assert whole.startswith(cut[:-1])
+    assert rows[pending].split()[3] == "PENDING"
+
+    rows = _rows(cli.ok("job", "list", "-o", "wide"))
+    assert rows[killed].rstrip().endswith(" " + whole)
+    assert len(rows) == 2  # one line per job: nothing folded
+
+    # The same with PELOTON_OUTPUT=wide; commands without lists take it as the table.
+    env = {"PELOTON_OUTPUT": "wide"}
+    server = address(cli.server.grpc_port)
+    wide = run_peloton("job", "list", server=server, env=env)
+    assert wide.returncode == 0, wide.stderr
+    assert _rows(wide.stdout)[killed].rstrip().endswith(" " + whole)
+    got_table = run_peloton("job", "get", killed, server=server, env=env)
+    assert got_table.returncode == 0, got_table.stderr
+    assert f"Reason:    {whole}" in got_table.stdout.splitlines()  # a single view: whole
+
+    # A task's reason: the same cut, whole when wide.
+    task_why = "exited 1: " + "x" * 150
+    drive(cli.server, pending, [0], TO_RUNNING)
+    cli.server.jobs.update_tasks(  # type: ignore[union-attr]
+        pending, [TaskUpdate(0, 1, TaskState.FAILED, "task_failed", task_why, "host-0")]
+    )
+    current = cli.client.get_task(pending, 0).task.current  # a new attempt: the gang restarts
+    task_whole = f"{current.reason} - {current.message}"
+    assert task_why in task_whole
+    row = _rows(cli.ok("task", "list", pending))["0"]
+    cell = row.split(None, 4)[-1].rstrip()
+    assert len(cell) == REASON_WIDTH
+    assert task_whole.startswith(cell[:-1])
+    row = _rows(cli.ok("task", "list", pending, "-o", "wide"))["0"]
+    assert row.rstrip().endswith(task_whole)
+    data = cli.data("task", "list", pending)
+    assert data["tasks"][0]["current"]["message"] == current.message
 
 
 # ---------------------------------------------------------------------------- kill, restart, delete

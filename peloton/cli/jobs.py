@@ -108,7 +108,7 @@ def get(ctx: click.Context, job_id: str, fmt: str) -> None:
     "--limit", default=100, show_default=True, type=click.IntRange(1, 1000), help="Jobs per page."
 )
 @click.option("--all", "all_pages", is_flag=True, help="Fetch every page, not just the first.")
-@out.output_option
+@out.list_output_option
 @click.pass_context
 def list_(
     ctx: click.Context,
@@ -120,7 +120,7 @@ def list_(
     all_pages: bool,
     fmt: str,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first, with why each is in its state (REASON; whole with -o wide)."""
     filters = {
         "states": [job_pb2.JobState.Value("JOB_STATE_" + s.upper()) for s in states],
         "pool": pool,
@@ -138,8 +138,8 @@ def list_(
             if not token or not all_pages:
                 more = token
                 break
-    if fmt == "table":
-        out.print_jobs(jobs)
+    if fmt in ("table", "wide"):
+        out.print_jobs(jobs, wide=fmt == "wide")
         if more:
             click.echo("(more jobs: use --all or --limit)", err=True)
     else:
@@ -224,15 +224,15 @@ def task() -> None:
     type=click.Choice(TASK_STATES, case_sensitive=False),
     help="Only tasks in this state (repeatable).",
 )
-@out.output_option
+@out.list_output_option
 @click.pass_context
 def task_list(ctx: click.Context, job_id: str, states: tuple[str, ...], fmt: str) -> None:
-    """List a job's tasks with their current attempt."""
+    """List a job's tasks with their current attempt and its REASON (whole with -o wide)."""
     values = [job_pb2.TaskState.Value("TASK_STATE_" + s.upper()) for s in states]
     with connect(ctx) as client:
         tasks = list(client.iter_tasks(job_id, states=values))
-    if fmt == "table":
-        out.print_tasks(tasks)
+    if fmt in ("table", "wide"):
+        out.print_tasks(tasks, wide=fmt == "wide")
     else:
         out.emit_data({"tasks": [out.to_dict(t) for t in tasks]}, fmt)
 

@@ -18,7 +18,15 @@ from rich.table import Table
 
 from peloton.v1 import job_pb2
 
-FORMATS = ("table", "json", "yaml")
+FORMATS = ("table", "wide", "json", "yaml")
+# A table's REASON is cut to this many characters (the whole text with ``-o wide``).
+REASON_WIDTH = 60
+
+
+def _table_unless_listed(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    # Only lists have columns to widen: elsewhere ``wide`` (say from PELOTON_OUTPUT) is the table.
+    return "table" if value == "wide" else value
+
 
 output_option = click.option(
     "--output",
@@ -28,13 +36,39 @@ output_option = click.option(
     default="table",
     show_default=True,
     envvar="PELOTON_OUTPUT",
+    callback=_table_unless_listed,
     help="Output format: a table for people, json or yaml for scripts.",
 )
 
+list_output_option = click.option(
+    "--output",
+    "-o",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="table",
+    show_default=True,
+    envvar="PELOTON_OUTPUT",
+    help=(
+        f"Output format: a table for people (long reasons cut to {REASON_WIDTH} characters), "
+        "wide (the table with reasons whole), json or yaml for scripts."
+    ),
+)
 
-def console() -> Console:
-    # Wide when piped so tables are not cut at 80 columns in logs and CI output.
-    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+def console(wide: bool = False) -> Console:
+    # Wide when piped so tables are not cut at 80 columns in logs and CI output; with -o wide,
+    # as wide as the longest row (a terminal still folds what it cannot fit).
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(width=1_000_000 if wide else 200, highlight=False)
+
+
+def reason(reason: str, message: str, wide: bool = True) -> str:
+    """A state's reason and message as one cell: ``-`` when neither, cut unless ``wide``."""
+    text = " - ".join(x for x in (reason, message) if x) or "-"
+    if wide or len(text) <= REASON_WIDTH:
+        return text
+    return text[: REASON_WIDTH - 1].rstrip() + "…"
 
 
 def to_dict(message: Message, *, every_field: bool = False) -> dict[str, Any]:
@@ -89,7 +123,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
     return t
 
 
-def print_jobs(jobs: Sequence[job_pb2.Job]) -> None:
+def print_jobs(jobs: Sequence[job_pb2.Job], wide: bool = False) -> None:
     rows = [
         (
             j.job_id,
@@ -98,10 +132,12 @@ def print_jobs(jobs: Sequence[job_pb2.Job]) -> None:
             job_state(j.state),
             task_summary(j),
             when(j.created_at),
+            reason(j.reason, j.message, wide),
         )
         for j in jobs
     ]
-    console().print(table(("JOB", "NAME", "POOL", "STATE", "TASKS", "CREATED"), rows))
+    columns = ("JOB", "NAME", "POOL", "STATE", "TASKS", "CREATED", "REASON")
+    console(wide).print(table(columns, rows))
 
 
 def print_job(job: job_pb2.Job) -> None:
@@ -112,7 +148,7 @@ def print_job(job: job_pb2.Job) -> None:
         ("Name", spec.name),
         ("Pool", spec.pool),
         ("State", job_state(job.state)),
-        ("Reason", " - ".join(x for x in (job.reason, job.message) if x) or "-"),
+        ("Reason", reason(job.reason, job.message)),
         ("Priority", str(spec.priority)),
         ("Instances", f"{spec.instances} (gang of {spec.gang.min_instances})"),
         ("Tasks", task_summary(job)),
@@ -127,18 +163,18 @@ def print_job(job: job_pb2.Job) -> None:
         click.echo(f"{key + ':':<{width + 1}} {value}")
 
 
-def print_tasks(tasks: Sequence[job_pb2.Task]) -> None:
+def print_tasks(tasks: Sequence[job_pb2.Task], wide: bool = False) -> None:
     rows = [
         (
             str(t.instance_id),
             task_state(t.state),
             str(t.current.attempt),
             t.current.host or "-",
-            " - ".join(x for x in (t.current.reason, t.current.message) if x) or "-",
+            reason(t.current.reason, t.current.message, wide),
         )
         for t in tasks
     ]
-    console().print(table(("INSTANCE", "STATE", "ATTEMPT", "HOST", "REASON"), rows))
+    console(wide).print(table(("INSTANCE", "STATE", "ATTEMPT", "HOST", "REASON"), rows))
 
 
 def event_line(event: job_pb2.JobEvent) -> str:
@@ -156,8 +192,7 @@ def print_task(response: job_pb2.GetTaskResponse) -> None:
     click.echo(f"Attempt:  {t.current.attempt_id}")
     click.echo(f"Host:     {t.current.host or '-'}")
     click.echo(f"Failures: {t.failures}")
-    reason = " - ".join(x for x in (t.current.reason, t.current.message) if x)
-    click.echo(f"Reason:   {reason or '-'}")
+    click.echo(f"Reason:   {reason(t.current.reason, t.current.message)}")
     if t.history:
         click.echo("History:")
         rows = [
@@ -167,7 +202,7 @@ def print_task(response: job_pb2.GetTaskResponse) -> None:
                 a.host or "-",
                 when(a.started_at),
                 when(a.ended_at),
-                " - ".join(x for x in (a.reason, a.message) if x) or "-",
+                reason(a.reason, a.message),
             )
             for a in t.history
         ]
