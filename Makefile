@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 PROTOS := $(wildcard proto/peloton/v1/*.proto)
 STAMP  := $(VENV)/.installed
 
-.PHONY: help dev proto proto-check lint test test-mesos test-fast bench demo clean prometheus
+.PHONY: help dev proto proto-check lint test test-mesos bench demo clean prometheus
 
 help:
 	@echo "make dev          virtualenv in $(VENV), editable install with dev tools, generated code"
@@ -14,8 +14,12 @@ help:
 	@echo "make test-mesos   end to end on real Mesos (PELOTON_TEST_MESOS_MASTER, else local real clusters)"
 	@echo "make lint         ruff, mypy and the generated-code check"
 	@echo "make bench        benchmarks (figures go in BENCHMARKS.md)"
-	@echo "make demo         daemon on embedded SQLite: submit, list, restart, still there"
+	@echo "make demo         a local cluster (2 agents x 2 GPUs) and a daemon on SQLite in .demo/: a pool"
+	@echo "                  tree, a 4-worker gang training with allreduce, its states, placement and loss"
 	@echo "make proto        regenerate peloton/v1 from proto/"
+	@echo "make proto-check  fail if the committed generated code in peloton/v1 is stale"
+	@echo "make prometheus   install prometheus and promtool (Debian package, as root)"
+	@echo "make clean        remove $(VENV), .demo, .bench and tool caches"
 
 $(STAMP): pyproject.toml scripts/install-http-parser.sh
 	$(PYTHON) -m venv $(VENV)
