@@ -72,7 +72,15 @@ def settle(client: PelotonClient) -> None:
             if j.state == J.JOB_STATE_PENDING and j.reason != "no_hosts"
         ]
 
-    wait_for(lambda: not unexplained() or None, 10, "every pending job has its reason")
+    def states() -> list[str]:
+        return [
+            f"{j.job_id} {J.JobState.Name(j.state)} {j.reason}: {j.message}"
+            for j in client.iter_jobs()
+        ]
+
+    wait_for(
+        lambda: not unexplained() or None, 10, "every pending job has its reason", state=states
+    )
 
 
 def test_jobs_tasks_and_events_survive_a_restart(db_url: str, tmp_path: Path) -> None:

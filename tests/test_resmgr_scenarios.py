@@ -252,3 +252,23 @@ def test_status_reports_borrowing_and_lending(cluster16: Harness) -> None:
     root = h.rm.status("/").kinds["gpu"]
     assert (root.reservation, root.allocation, root.entitlement) == (16, 6, 16)
     assert h.rm.status("/borrower").queued_gangs == 0
+
+
+def test_a_job_killed_and_restarted_between_cycles_gets_its_reason_again(
+    cluster16: Harness,
+) -> None:
+    """The kill and the restart write their own reasons; a cycle that sees neither (it runs
+    only after both) must still say why the job waits, not skip it as already explained."""
+    h = cluster16
+    h.pool("/vision", 8)
+    a = h.submit("/vision", 6)
+    b = h.submit("/vision", 12)
+    h.cycle()
+    waiting = (h.job(b).reason, h.job(b).message)
+    assert waiting[0] == admission.PENDING_ENTITLEMENT
+    h.jobs.kill_job(b)
+    h.jobs.restart_job(b)
+    assert (h.job(b).state, h.job(b).reason) == (JobState.PENDING, "restarted")
+    h.cycle()
+    assert (h.job(b).reason, h.job(b).message) == waiting
+    assert h.counts(a) == {"READY": 6}

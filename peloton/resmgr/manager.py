@@ -30,7 +30,7 @@ from peloton.gang import Gang
 from peloton.jobmgr import restarts
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import JobRecord
-from peloton.jobmgr.states import Goal, TaskState
+from peloton.jobmgr.states import Goal, JobState, TaskState
 from peloton.resmgr import admission, preemption
 from peloton.resmgr.admission import Decision, Room, Waiting, describe
 from peloton.resmgr.entitlement import Calculator, Entitlements
@@ -443,6 +443,16 @@ class ResourceManager:
             view.job.goal,
             view.job.not_before,
         )
+        written = self._reasons.get(job.id)
+        if (
+            written is not None
+            and job.state == JobState.PENDING
+            and written != (job.reason, job.message)
+        ):
+            # Someone else rewrote why it waits (a kill then a restart between two cycles,
+            # placement): the next cycle must say it again, not skip it as already said.
+            del self._reasons[job.id]
+            changed = True
         if pending and not view.pending:
             view.pending_since = now  # a new wait begins (restart or preemption)
         view.job, view.pending, view.holding, view.ending = job, pending, holding, ending
