@@ -260,9 +260,15 @@ def error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def start_minicluster(agents: Sequence[AgentSpec], work_dir: Path) -> Minicluster:
-    """A started minicluster on a free port, quick to offer and to re-send updates."""
+    """A started minicluster on a free port, quick to offer and to re-send updates, whose agents
+    offer ports the kernel picked and held for them (no other program on the machine has them)."""
     mc = Minicluster(
-        agents, port=0, work_dir=work_dir, allocation_interval=0.1, update_retry_interval=1.0
+        agents,
+        port=0,
+        work_dir=work_dir,
+        allocation_interval=0.1,
+        update_retry_interval=1.0,
+        free_ports=True,
     )
     mc.start()
     return mc

@@ -117,7 +117,7 @@ def attempts(p: Peloton, job_id: str) -> dict[int, int]:
 
 
 def test_every_task_knows_its_gang_and_can_listen_on_its_ports(
-    peloton: Peloton, tmp_path: Path, out: Path
+    peloton: Peloton, cluster: Minicluster, tmp_path: Path, out: Path
 ) -> None:
     job_id = peloton.submit(command(tmp_path, "discover", out), 4, ports=["http"])
     job = peloton.wait_done(job_id)
@@ -125,22 +125,25 @@ def test_every_task_knows_its_gang_and_can_listen_on_its_ports(
     envs = [json.loads((out / f"{r}.json").read_text()) for r in range(4)]
     tasks = peloton.client.list_tasks(job_id).tasks
     hosts = {t.instance_id: t.current.host for t in tasks}
-    # The run that succeeded (another program on this machine may hold an offered port: the
-    # gang then fails to bind and restarts).
-    attempt = {t.instance_id: t.current.attempt for t in tasks}
+    # The first run succeeded: the agents offer only ports held for them (free_ports), so no
+    # other program on this machine can make a bind fail.
+    assert {t.instance_id: t.current.attempt for t in tasks} == dict.fromkeys(range(4), 1)
+    with cluster.master.lock:
+        offered = {a.spec.hostname: a.total.ranges["ports"] for a in cluster.master.agents.values()}
     peers = envs[0]["PELOTON_PEERS"].split(",")
     assert len(peers) == 4 and len(set(peers)) == 4
     for rank, env in enumerate(envs):
         instance = int(env["PELOTON_INSTANCE_ID"])
         assert env["PELOTON_JOB_ID"] == job_id
-        assert env["PELOTON_ATTEMPT_ID"] == f"{job_id}-{instance}-{attempt[instance]}"
+        assert env["PELOTON_ATTEMPT_ID"] == f"{job_id}-{instance}-1"
         assert (env["PELOTON_RANK"], env["PELOTON_GANG_SIZE"]) == (str(rank), "4")
         assert env["PELOTON_PEERS"].split(",") == peers
         same_host = [r for r in range(4) if hosts[r] == hosts[instance]]
         assert env["PELOTON_LOCAL_SIZE"] == str(len(same_host))
         assert env["PELOTON_LOCAL_RANK"] == str(same_host.index(rank))
-        assert 31000 <= int(env["PELOTON_PORT_HTTP"]) <= 31100
-        assert int(env["PELOTON_PORT_HTTP"]) != int(peers[rank].rsplit(":", 1)[1])
+        port = int(env["PELOTON_PORT_HTTP"])
+        assert any(b <= port <= e for b, e in offered[hosts[instance]]), (port, offered)
+        assert port != int(peers[rank].rsplit(":", 1)[1])
     # Packed on the fewest hosts: two of 2 GPUs, two ranks each; cross ranks pair them up.
     assert sorted(set(hosts.values())) != [] and len(set(hosts.values())) == 2
     assert sorted((e["PELOTON_LOCAL_RANK"], e["PELOTON_CROSS_RANK"]) for e in envs) == [

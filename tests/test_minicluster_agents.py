@@ -3,8 +3,10 @@ executor's group semantics, kills, lost agents, master restarts and /files/read.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -234,3 +236,35 @@ def test_max_completion_time_fails_the_task_and_its_group(minicluster: Miniclust
     assert failed["reason"] == "REASON_MAX_COMPLETION_TIME_REACHED"
     assert "maximum completion time of 0.3s" in failed["message"]
     assert sched.update("peer")["state"] == "TASK_KILLED"
+
+
+def test_free_ports_are_picked_by_the_kernel_and_held_for_the_agent(
+    make_minicluster: Any,
+) -> None:
+    """Each agent offers as many ports as its spec names, on its own address, that nothing else
+    can bind (another minicluster on the same addresses) while a task with SO_REUSEADDR can
+    listen on them; stopping the cluster lets them go."""
+    mc = make_minicluster(
+        2, "cpus:1;mem:256;ports:[31000-31004];ports(gpu):[32000-32001]", free_ports=True
+    )
+    with mc.master.lock:
+        agents = [(a.ip, a.total) for a in mc.master.agents.values()]
+    assert len({ip for ip, _ in agents}) == 2
+    for ip, total in agents:
+        mine = [p for b, e in total.ranges["ports"] for p in range(b, e + 1)]
+        reserved = [p for b, e in total.reserved["gpu"].ranges["ports"] for p in range(b, e + 1)]
+        assert (len(mine), len(reserved)) == (5, 2)
+        for port in mine + reserved:
+            assert not 31000 <= port <= 32001
+            with socket.socket() as other, pytest.raises(OSError) as exc:
+                other.bind((ip, port))
+            assert exc.value.errno == errno.EADDRINUSE
+        with socket.socket() as task:
+            task.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            task.bind((ip, mine[0]))
+            task.listen()
+    mc.stop()
+    for ip, total in agents:
+        b, _ = total.ranges["ports"][0]
+        with socket.socket() as later:
+            later.bind((ip, b))

@@ -9,8 +9,11 @@ with Minicluster(AgentSpec.uniform(2), work_dir=tmp) as mc:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -21,6 +24,7 @@ from types import TracebackType
 from peloton.minicluster.agent import ProcessRunner, SimulatedRunner, TaskDuration
 from peloton.minicluster.http import AgentServer, MasterServer
 from peloton.minicluster.master import FrameworkView, Master, Runner, TaskView
+from peloton.minicluster.resources import format_ranges, normalize_ranges, parse_text, range_count
 from peloton.minicluster.spec import AgentSpec
 from peloton.minicluster.timers import Timers
 
@@ -39,6 +43,12 @@ class Minicluster:
     ``allocation_interval`` is how often free resources are re-offered (Mesos: 1 s);
     ``update_retry_interval`` is the first re-send delay of an unacknowledged status update
     (Mesos agents: 10 s, doubling).
+
+    ``free_ports=True`` (real agents on their own loopback addresses): each agent offers as
+    many ports as its spec names, but ones the kernel hands out on its address, and holds them
+    (bound, not listening, with SO_REUSEADDR) while it lives. No other program on the machine
+    can take them (another minicluster on the same addresses, a connection's ephemeral port),
+    while a task that binds one with SO_REUSEADDR can listen on it. For tests beside others.
 
     As Mesos 1.11 does: agents may share a hostname (each has its own agent id and work dir
     ``agents/HOST``, ``agents/HOST.2``, ...; methods that take an agent take its id, or a
@@ -62,6 +72,7 @@ class Minicluster:
         allocation_interval: float = 1.0,
         update_retry_interval: float = 10.0,
         task_duration: TaskDuration | None = None,
+        free_ports: bool = False,
     ) -> None:
         self._specs = list(agents)
         self._port = port
@@ -80,6 +91,8 @@ class Minicluster:
         self._agent_servers: dict[str, AgentServer] = {}
         self._real_agents = 0  # real agents ever added: the next one's loopback address
         self._agent_dirs: set[Path] = set()
+        self._free_ports = free_ports
+        self._held_ports: dict[str, list[socket.socket]] = {}  # per agent id, with free_ports
         self._stop_lock = threading.Lock()
         self._stopped = False
 
@@ -136,6 +149,8 @@ class Minicluster:
             self._server.stop()
         for server in self._agent_servers.values():
             server.stop()
+        for held in self._held_ports.values():
+            _release(held)
         if self._timers is not None:
             self._timers.stop()
         if self._own_work_dir and self._work_dir is not None:
@@ -176,13 +191,22 @@ class Minicluster:
             return master.add_agent(spec, self._host, master.port, None).id
         directory = self._agent_dir(spec.hostname)
         ip = self._agent_ip()
-        server = AgentServer(directory, ip)
+        held: list[socket.socket] = []
+        if self._free_ports and ip != "127.0.0.1":
+            spec, held = _with_free_ports(spec, ip)
+        try:
+            server = AgentServer(directory, ip)
+        except BaseException:
+            _release(held)
+            raise
         try:
             agent = master.add_agent(spec, ip, server.port, directory)
         except BaseException:
             server.stop()
+            _release(held)
             raise
         self._agent_servers[agent.id] = server
+        self._held_ports[agent.id] = held
         return agent.id
 
     def _agent_dir(self, hostname: str) -> Path:
@@ -235,6 +259,7 @@ class Minicluster:
         server = self._agent_servers.pop(found.id, None)
         if server is not None:
             server.stop()
+        _release(self._held_ports.pop(found.id, []))
 
     def drop_connections(self) -> None:
         """Close every subscriber's event stream: frameworks must resubscribe."""
@@ -296,3 +321,38 @@ class Minicluster:
             f"{f.id}({'connected' if f.connected else 'disconnected'})" for f in self.frameworks()
         )
         return f"tasks: [{tasks}]; frameworks: [{fws}]"
+
+
+_PORTS_ITEM = re.compile(r"^(\s*ports\s*(?:\([^)]*\))?\s*:)(.*)$")
+
+
+def _with_free_ports(spec: AgentSpec, ip: str) -> tuple[AgentSpec, list[socket.socket]]:
+    """``spec`` with each ``ports`` item replaced by as many ports the kernel picked on ``ip``,
+    and the sockets holding them (bound with SO_REUSEADDR, not listening)."""
+    held: list[socket.socket] = []
+    items = []
+    try:
+        for item in spec.resources.split(";"):
+            match = _PORTS_ITEM.match(item)
+            if match is not None:
+                count = range_count(parse_text(f"ports:{match.group(2)}").ranges["ports"])
+                ports = []
+                for _ in range(count):
+                    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    held.append(s)
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind((ip, 0))
+                    port = int(s.getsockname()[1])
+                    ports.append((port, port))
+                item = match.group(1) + format_ranges(normalize_ranges(ports))
+            items.append(item)
+    except BaseException:
+        _release(held)
+        raise
+    return dataclasses.replace(spec, resources=";".join(items)), held
+
+
+def _release(held: list[socket.socket]) -> None:
+    for s in held:
+        s.close()
+    held.clear()
