@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import signal
@@ -56,15 +57,21 @@ def test_mismatch_raises_on_every_rank_naming_tensor_and_ranks() -> None:
         assert np.array_equal(res["after"], np.full(3, 3.0, np.float32))
 
 
-def killed_rank(victim: int, nbytes: int) -> str:
-    """The victim SIGKILLs itself; the others keep allreducing until they are told."""
+def killed_rank(victim: int, nbytes: int, warm: Any) -> str:
+    """The victim SIGKILLs itself once every rank has the warmup's result (``warm``, a barrier
+    of all ranks); the others keep allreducing until they are told."""
     r = pc.rank()
+    pc.allreduce(np.ones(8, np.float32), name="warmup")
+    try:
+        warm.wait(timeout=30)
+    except threading.BrokenBarrierError:
+        raise AssertionError(
+            f"rank {r}: not every rank got past warmup within 30s ({warm.n_waiting} waiting)"
+        ) from None
+    if r == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
     start = time.monotonic()
     try:
-        # The victim may die before the others have the warmup's result: they raise there.
-        pc.allreduce(np.ones(8, np.float32), name="warmup")
-        if r == victim:
-            os.kill(os.getpid(), signal.SIGKILL)
         for i in range(1000):
             pc.allreduce(np.ones(nbytes // 4, np.float32), name=f"grad.{i}")
     except pc.CollectiveError as exc:
@@ -80,10 +87,11 @@ def test_sigkilled_rank_makes_the_others_raise_within_the_timeout(
     n: int, victim: int, nbytes: int, local_size: int
 ) -> None:
     """TCP ring, shared memory (local_size 3) and hierarchical (2 hosts x 2) alike."""
+    warm = multiprocessing.get_context("fork").Barrier(n)
     outcomes = run_ranks(
-        killed_rank, n, victim, nbytes, timeout=TIMEOUT, deadline=30, local_size=local_size
+        killed_rank, n, victim, nbytes, warm, timeout=TIMEOUT, deadline=30, local_size=local_size
     )
-    assert outcomes[victim].exitcode == -signal.SIGKILL
+    assert outcomes[victim].exitcode == -signal.SIGKILL, outcomes[victim]
     for o in outcomes:
         if o.rank == victim:
             continue
@@ -93,7 +101,7 @@ def test_sigkilled_rank_makes_the_others_raise_within_the_timeout(
         assert float(elapsed) < 2 * TIMEOUT + 1.0, o.value
         # "rank V" or, when others lost their connection through it too, "ranks [.., V, ..]".
         assert re.search(rf"\branks? \[?(\d+, )*{victim}\b", message), message
-        assert "grad." in message or "warmup" in message, message
+        assert "grad." in message, message
 
 
 def stalled_tensor() -> str:
