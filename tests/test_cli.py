@@ -138,10 +138,15 @@ def test_submit_prints_the_job_id(cli: Cli) -> None:
 
 def test_submit_json_and_yaml_output(cli: Cli) -> None:
     data = cli.data("job", "submit", cli.job_file())
-    assert data["state"] == "JOB_STATE_PENDING"
+    assert data["state"] == "PENDING"
     assert data["spec"]["name"] == "resnet"
     assert data["spec"]["instances"] == 2
-    assert data["spec"]["task"]["resources"] == {"cpu": 1.0, "mem_mb": 256.0, "gpu": 1.0}
+    assert data["spec"]["task"]["resources"] == {
+        "cpu": 1.0,
+        "mem_mb": 256.0,
+        "disk_mb": 0.0,
+        "gpu": 1.0,
+    }
     assert data["spec"]["gang"] == {"min_instances": 2}  # the default, filled by the server
     assert cli.client.get_job(data["job_id"]).spec.name == "resnet"
 
@@ -188,13 +193,13 @@ def test_job_get(cli: Cli) -> None:
     assert fields["Name"] == "resnet"
     assert fields["Pool"] == "/research/vision"
     assert fields["State"] == "PENDING"
-    assert fields["Tasks"] == "2 pending"
+    assert fields["Tasks"] == "2 PENDING"
     assert fields["Labels"] == "team=vision"
     assert fields["Instances"] == "2 (gang of 2)"
 
     data = cli.data("job", "get", job_id)
     assert data["job_id"] == job_id
-    assert data["task_states"] == [{"state": "TASK_STATE_PENDING", "count": 2}]
+    assert data["task_states"] == [{"state": "PENDING", "count": 2}]
 
 
 def test_job_list_filters_and_formats(cli: Cli) -> None:
@@ -219,7 +224,7 @@ def test_job_list_filters_and_formats(cli: Cli) -> None:
 
     doc = yaml.safe_load(cli.ok("job", "list", "--pool", "/nlp", "-o", "yaml"))
     assert [j["job_id"] for j in doc["jobs"]] == [b]
-    assert doc["jobs"][0]["state"] == "JOB_STATE_KILLED"
+    assert doc["jobs"][0]["state"] == "KILLED"
 
     paged = cli("job", "list", "--limit", "2")
     assert paged.returncode == 0, paged.stderr
@@ -348,6 +353,47 @@ def test_reasons_are_cut_in_tables_and_whole_when_wide(cli: Cli) -> None:
     assert data["tasks"][0]["current"]["message"] == current.message
 
 
+def test_json_and_yaml_have_every_field_and_the_tables_state_names(cli: Cli) -> None:
+    job_id = cli.submit()
+    drive(cli.server, job_id, [0, 1], [*TO_RUNNING, TaskState.SUCCEEDED])
+
+    job = cli.data("job", "get", job_id)
+    assert job["spec"]["priority"] == 0  # zero values are there, not left out
+    assert job["spec"]["task"]["resources"]["disk_mb"] == 0
+    assert job["message"] == ""
+    assert job["state"] == "SUCCEEDED"
+    assert job["task_states"] == [{"state": "SUCCEEDED", "count": 2}]
+    assert "SUCCEEDED" in cli.ok("job", "get", job_id)
+
+    tasks = cli.data("task", "list", job_id)["tasks"]
+    assert [(t["instance_id"], t["state"]) for t in tasks] == [(0, "SUCCEEDED"), (1, "SUCCEEDED")]
+    assert tasks[0]["failures"] == 0
+    assert tasks[0]["current"]["state"] == "SUCCEEDED"
+    task = cli.data("task", "get", job_id, "0")
+    assert task["task"]["instance_id"] == 0
+    assert {e["to_state"] for e in task["events"]} <= {s.value for s in TaskState}
+
+    listed = cli.data("job", "list")["jobs"]
+    assert [j["state"] for j in listed] == ["SUCCEEDED"]
+    updates = [
+        json.loads(line) for line in cli("job", "watch", job_id, "-o", "json").stdout.splitlines()
+    ]
+    assert updates[-1]["job_state"] == "SUCCEEDED"
+    assert updates[-1]["event"]["to_state"] == "SUCCEEDED"
+    assert updates[0]["event"]["from_state"] == ""  # a zero value, kept
+
+    doc = yaml.safe_load(cli.ok("task", "get", job_id, "1", "-o", "yaml"))
+    assert doc["task"]["state"] == "SUCCEEDED"
+    assert doc["task"]["history"] == []
+
+    # Input in any case, as the tables spell it.
+    for spelling in ("SUCCEEDED", "succeeded", "Succeeded"):
+        assert [j["job_id"] for j in cli.data("job", "list", "--state", spelling)["jobs"]] == [
+            job_id
+        ]
+        assert len(cli.data("task", "list", job_id, "--state", spelling)["tasks"]) == 2
+
+
 # ---------------------------------------------------------------------------- kill, restart, delete
 
 
@@ -358,7 +404,7 @@ def test_job_kill_restart_delete(cli: Cli) -> None:
     assert cli.ok("job", "restart", job_id).strip() == f"job {job_id} PENDING"
     assert cli.client.get_task(job_id, 0).task.current.attempt == 2
     killed = cli.data("job", "kill", job_id)
-    assert killed["state"] == "JOB_STATE_KILLED"
+    assert killed["state"] == "KILLED"
     assert cli.ok("job", "delete", job_id).strip() == f"job {job_id} deleted"
     line = failure(cli("job", "get", job_id), 1)
     assert line == f"error: not found: job {job_id} not found"
@@ -381,7 +427,7 @@ def test_watch_exit_codes(cli: Cli) -> None:
     assert result.stderr == ""
     updates = [json.loads(line) for line in result.stdout.splitlines()]
     assert [u["event"]["to_state"] for u in updates] == ["PENDING", "KILLED", "KILLED", "KILLED"]
-    assert updates[-1]["job_state"] == "JOB_STATE_KILLED"
+    assert updates[-1]["job_state"] == "KILLED"
 
     failure(cli("job", "watch", "no-such-job"), 1)
 
@@ -422,7 +468,7 @@ def test_task_list_and_get(cli: Cli) -> None:
     assert table.split()[:5] == ["INSTANCE", "STATE", "ATTEMPT", "HOST", "REASON"]
     assert [r[:4] for r in rows] == [["0", "PENDING", "1", "-"], ["1", "RUNNING", "1", "host-1"]]
     data = cli.data("task", "list", job_id, "--state", "running")
-    assert [(t["instance_id"], t["state"]) for t in data["tasks"]] == [(1, "TASK_STATE_RUNNING")]
+    assert [(t["instance_id"], t["state"]) for t in data["tasks"]] == [(1, "RUNNING")]
 
     drive(cli.server, job_id, [1], [TaskState.SUCCEEDED])
     drive(cli.server, job_id, [0], [*TO_RUNNING, TaskState.SUCCEEDED])
@@ -435,7 +481,7 @@ def test_task_list_and_get(cli: Cli) -> None:
     assert "Events:" in out
     data = cli.data("task", "get", job_id, "1")
     assert data["task"]["current"]["attempt"] == 2
-    assert [a["state"] for a in data["task"]["history"]] == ["TASK_STATE_SUCCEEDED"]
+    assert [a["state"] for a in data["task"]["history"]] == ["SUCCEEDED"]
     assert data["events"][-1]["to_state"] == "PENDING"
 
     failure(cli("task", "get", job_id, "7"), 1)

@@ -71,13 +71,60 @@ def reason(reason: str, message: str, wide: bool = True) -> str:
     return text[: REASON_WIDTH - 1].rstrip() + "…"
 
 
-def to_dict(message: Message, *, every_field: bool = False) -> dict[str, Any]:
-    """The message as JSON data; ``every_field`` keeps fields at their zero value (0, "", [])."""
-    return json_format.MessageToDict(
-        message,
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=every_field,
+# Enums whose values print as the tables spell them: RUNNING, not JOB_STATE_RUNNING.
+STATE_PREFIXES = {
+    job_pb2.JobState.DESCRIPTOR.full_name: "JOB_STATE_",
+    job_pb2.TaskState.DESCRIPTOR.full_name: "TASK_STATE_",
+}
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    """The message as JSON data: every field, zero values included (0, "", [], false), and
+    states spelled as in the tables (SUCCEEDED, the spelling the watch's events use too)."""
+    data = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+    _plain_states(message, data)
+    return data
+
+
+def _plain_states(message: Message, data: Any) -> None:
+    if not isinstance(data, dict):  # a well-known type written as a string (Timestamp)
+        return
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in data:
+            continue
+        value = getattr(message, field.name)
+        if field.enum_type is not None:
+            prefix = STATE_PREFIXES.get(field.enum_type.full_name)
+            if prefix is None:
+                continue
+            names = data[field.name]
+            if isinstance(names, list):
+                data[field.name] = [n.removeprefix(prefix) for n in names]
+            else:
+                data[field.name] = names.removeprefix(prefix)
+        elif field.message_type is None:
+            continue
+        elif field.message_type.GetOptions().map_entry:
+            if field.message_type.fields_by_name["value"].message_type is not None:
+                for key, sub in data[field.name].items():
+                    _plain_states(value[_map_key(field, key)], sub)
+        elif field.is_repeated:
+            for item, sub in zip(value, data[field.name], strict=True):
+                _plain_states(item, sub)
+        else:
+            _plain_states(value, data[field.name])
+
+
+def _map_key(field: Any, key: str) -> Any:
+    # JSON map keys are strings; the message's may be numbers or booleans.
+    key_type = field.message_type.fields_by_name["key"].type
+    if key_type == field.TYPE_STRING:
+        return key
+    if key_type == field.TYPE_BOOL:
+        return key == "true"
+    return int(key)
 
 
 def emit_data(data: Any, fmt: str) -> None:
@@ -110,7 +157,7 @@ def when(ts: Any) -> str:
 
 
 def task_summary(job: job_pb2.Job) -> str:
-    parts = [f"{c.count} {task_state(c.state).lower()}" for c in job.task_states]
+    parts = [f"{c.count} {task_state(c.state)}" for c in job.task_states]
     return ", ".join(parts) or "-"
 
 

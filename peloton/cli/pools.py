@@ -193,7 +193,7 @@ def pool_list(ctx: click.Context, kinds: tuple[str, ...], fmt: str) -> None:
     with connect(ctx) as client:
         pools = client.list_pools()
     if fmt != "table":
-        out.emit_data({"pools": [out.to_dict(p, every_field=True) for p in pools]}, fmt)
+        out.emit_data({"pools": [out.to_dict(p) for p in pools]}, fmt)
         return
     shown = list(kinds) or _kinds_in_use(pools)
     rows = []
