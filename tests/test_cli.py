@@ -394,6 +394,39 @@ def test_json_and_yaml_have_every_field_and_the_tables_state_names(cli: Cli) -> 
         assert len(cli.data("task", "list", job_id, "--state", spelling)["tasks"]) == 2
 
 
+def test_job_ids_may_be_shortened_to_a_unique_prefix(cli: Cli) -> None:
+    # Jobs until two ids share their first character (at most 17: there are 16 hex digits).
+    by_first: dict[str, list[str]] = {}
+    while not any(len(ids) > 1 for ids in by_first.values()):
+        job_id = cli.client.create_job(make_spec(2, name=f"j{len(by_first)}")).job_id
+        by_first.setdefault(job_id[0], []).append(job_id)
+    shared = next(first for first, ids in by_first.items() if len(ids) > 1)
+    a, b = by_first[shared]
+    every = [j for ids in by_first.values() for j in ids]
+
+    # Ambiguous: a usage error naming the candidates; nothing is done to either job.
+    line = failure(cli("job", "kill", shared), 2)
+    assert line.startswith(f"error: job id prefix '{shared}' is ambiguous: 2 jobs start with it: ")
+    assert a in line and b in line
+    assert {j.state for j in map(cli.client.get_job, (a, b))} == {job_pb2.JOB_STATE_PENDING}
+
+    # Unique: every command takes it.
+    n = next(n for n in range(1, 37) if sum(j.startswith(a[:n]) for j in every) == 1)
+    short = a[:n]
+    assert cli.data("job", "get", short)["job_id"] == a
+    assert cli.data("task", "list", short)["tasks"][0]["job_id"] == a
+    assert cli.data("task", "get", short, "1")["task"]["job_id"] == a
+    assert cli.ok("job", "kill", a[:8]).strip() == f"job {a} KILLED"
+    assert cli("job", "watch", short, "-o", "json").returncode == 1  # KILLED: the watch ends
+    assert cli.ok("job", "restart", short).strip() == f"job {a} PENDING"
+    cli.client.kill_job(a)
+    assert cli.ok("job", "delete", short).strip() == f"job {a} deleted"
+    assert cli.data("job", "get", shared)["job_id"] == b  # now the only one
+
+    # No match: the server's not found, for the prefix as given.
+    assert failure(cli("job", "get", "zzz"), 1) == "error: not found: job zzz not found"
+
+
 # ---------------------------------------------------------------------------- kill, restart, delete
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,7 +11,7 @@ from pathlib import Path
 import click
 
 from peloton.cli import output as out
-from peloton.cli.main import CliError, cli_error
+from peloton.cli.main import EXIT_USAGE, CliError, cli_error
 from peloton.client import PelotonClient
 from peloton.jobmgr.spec import check_pool_path, load_job_spec_yaml
 from peloton.jobmgr.states import JobState, TaskState
@@ -34,6 +35,31 @@ def connect(ctx: click.Context) -> Iterator[PelotonClient]:
         raise cli_error(exc, obj["server"]) from None
 
 
+# A whole job id; anything else is looked up as the start of one.
+JOB_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# Candidates an ambiguous prefix's error names at most.
+SHOWN_CANDIDATES = 5
+
+
+def resolve_job_id(client: PelotonClient, given: str) -> str:
+    """The job id that ``given`` starts, if exactly one does (a whole id is used as it is; a
+    prefix of none is passed on, so the server says it is not found). Several: a usage error
+    naming them."""
+    if JOB_ID.fullmatch(given) or not given:
+        return given
+    matches = [j for j in client.iter_jobs(page_size=1000) if j.job_id.startswith(given)]
+    if len(matches) == 1:
+        return matches[0].job_id
+    if not matches:
+        return given
+    named = ", ".join(f"{j.job_id} ({j.spec.name})" for j in matches[:SHOWN_CANDIDATES])
+    more = f" and {len(matches) - SHOWN_CANDIDATES} more" if len(matches) > SHOWN_CANDIDATES else ""
+    raise CliError(
+        f"job id prefix {given!r} is ambiguous: {len(matches)} jobs start with it: {named}{more}",
+        EXIT_USAGE,
+    )
+
+
 def _label(values: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in values:
@@ -46,7 +72,10 @@ def _label(values: tuple[str, ...]) -> dict[str, str]:
 
 @click.group()
 def job() -> None:
-    """Submit, inspect, kill, restart and delete jobs."""
+    """Submit, inspect, kill, restart and delete jobs.
+
+    JOB_ID is a job's id or any prefix of it that no other job's id starts with.
+    """
 
 
 @job.command()
@@ -84,7 +113,7 @@ def submit(ctx: click.Context, file: Path, pool: str | None, request_id: str, fm
 def get(ctx: click.Context, job_id: str, fmt: str) -> None:
     """Show one job: state, why it is in it, and its tasks' states."""
     with connect(ctx) as client:
-        j = client.get_job(job_id)
+        j = client.get_job(resolve_job_id(client, job_id))
     if fmt == "table":
         out.print_job(j)
     else:
@@ -154,7 +183,7 @@ def list_(
 def kill(ctx: click.Context, job_id: str, message: str, fmt: str) -> None:
     """Kill a job's tasks (SIGTERM, then SIGKILL after the job's grace period)."""
     with connect(ctx) as client:
-        j = client.kill_job(job_id, message)
+        j = client.kill_job(resolve_job_id(client, job_id), message)
     _show_state(j, fmt)
 
 
@@ -166,7 +195,7 @@ def kill(ctx: click.Context, job_id: str, message: str, fmt: str) -> None:
 def restart(ctx: click.Context, job_id: str, message: str, fmt: str) -> None:
     """Start a new attempt of every task of a job."""
     with connect(ctx) as client:
-        j = client.restart_job(job_id, message)
+        j = client.restart_job(resolve_job_id(client, job_id), message)
     _show_state(j, fmt)
 
 
@@ -176,6 +205,7 @@ def restart(ctx: click.Context, job_id: str, message: str, fmt: str) -> None:
 def delete(ctx: click.Context, job_id: str) -> None:
     """Delete a job that has ended (SUCCEEDED, FAILED or KILLED) and its history."""
     with connect(ctx) as client:
+        job_id = resolve_job_id(client, job_id)
         client.delete_job(job_id)
     click.echo(f"job {job_id} deleted")
 
@@ -191,7 +221,7 @@ def watch(ctx: click.Context, job_id: str, fmt: str) -> None:
     """
     final = job_pb2.JOB_STATE_UNSPECIFIED
     with connect(ctx) as client:
-        for update in client.watch_job(job_id):
+        for update in client.watch_job(resolve_job_id(client, job_id)):
             final = update.job_state
             if fmt == "table":
                 click.echo(out.event_line(update.event))
@@ -212,7 +242,10 @@ def _show_state(j: job_pb2.Job, fmt: str) -> None:
 
 @click.group()
 def task() -> None:
-    """Inspect a job's tasks and their attempts."""
+    """Inspect a job's tasks and their attempts.
+
+    JOB_ID is a job's id or any prefix of it that no other job's id starts with.
+    """
 
 
 @task.command(name="list")
@@ -230,7 +263,7 @@ def task_list(ctx: click.Context, job_id: str, states: tuple[str, ...], fmt: str
     """List a job's tasks with their current attempt and its REASON (whole with -o wide)."""
     values = [job_pb2.TaskState.Value("TASK_STATE_" + s.upper()) for s in states]
     with connect(ctx) as client:
-        tasks = list(client.iter_tasks(job_id, states=values))
+        tasks = list(client.iter_tasks(resolve_job_id(client, job_id), states=values))
     if fmt in ("table", "wide"):
         out.print_tasks(tasks, wide=fmt == "wide")
     else:
@@ -245,7 +278,7 @@ def task_list(ctx: click.Context, job_id: str, states: tuple[str, ...], fmt: str
 def task_get(ctx: click.Context, job_id: str, instance: int, fmt: str) -> None:
     """Show one task: its current attempt, earlier attempts and events."""
     with connect(ctx) as client:
-        response = client.get_task(job_id, instance)
+        response = client.get_task(resolve_job_id(client, job_id), instance)
     if fmt == "table":
         out.print_task(response)
     else:
@@ -268,6 +301,7 @@ def task_logs(ctx: click.Context, job_id: str, instance: int, stderr: bool, foll
 
     offset = 0
     with connect(ctx) as client:
+        job_id = resolve_job_id(client, job_id)
         while True:
             piece = client.get_task_logs(job_id, instance, stderr=stderr, offset=offset)
             if piece.data:
