@@ -563,7 +563,13 @@ def test_validation_errors_exit_2(cli: Cli) -> None:
 
     assert "FILE" in usage_error(cli("job", "submit", str(cli.workdir / "absent.yaml")))
     assert "--label" in usage_error(cli("job", "list", "--label", "team"))
-    assert "--state" in usage_error(cli("job", "list", "--state", "sleeping"))
+    assert usage_error(cli("job", "list", "--state", "sleeping")) == (
+        "error: invalid value for '--state': 'sleeping' is not one of PENDING, RUNNING, SUCCEEDED,"
+        " FAILED, KILLING, KILLED (any case) (see: peloton job list --help)"
+    )
+    help_text = cli.ok("task", "list", "--help")
+    assert "--state STATE" in help_text
+    assert "RUNNING, SUCCEEDED" in " ".join(help_text.split())
     assert "--limit" in usage_error(cli("job", "list", "--limit", "0"))
     usage_error(cli("job", "frobnicate"))
 

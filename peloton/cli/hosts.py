@@ -69,8 +69,9 @@ def host() -> None:
     "--state",
     "states",
     multiple=True,
-    type=click.Choice(STATES, case_sensitive=False),
-    help="Only hosts in this state (repeatable).",
+    type=out.StateChoice(STATES),
+    metavar="STATE",
+    help=f"Only hosts in this state (repeatable; any case): {', '.join(STATES)}.",
 )
 @out.output_option
 @click.pass_context

@@ -125,8 +125,9 @@ def get(ctx: click.Context, job_id: str, fmt: str) -> None:
     "--state",
     "states",
     multiple=True,
-    type=click.Choice(JOB_STATES, case_sensitive=False),
-    help="Only jobs in this state (repeatable).",
+    type=out.StateChoice(JOB_STATES),
+    metavar="STATE",
+    help=f"Only jobs in this state (repeatable; any case): {', '.join(JOB_STATES)}.",
 )
 @click.option("--pool", "-p", default="", help="Only jobs in this pool.")
 @click.option("--name", "name_prefix", default="", help="Only jobs whose name starts with this.")
@@ -254,8 +255,9 @@ def task() -> None:
     "--state",
     "states",
     multiple=True,
-    type=click.Choice(TASK_STATES, case_sensitive=False),
-    help="Only tasks in this state (repeatable).",
+    type=out.StateChoice(TASK_STATES),
+    metavar="STATE",
+    help=f"Only tasks in this state (repeatable; any case): {', '.join(TASK_STATES)}.",
 )
 @out.list_output_option
 @click.pass_context

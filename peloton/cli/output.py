@@ -18,6 +18,17 @@ from rich.table import Table
 
 from peloton.v1 import job_pb2
 
+
+class StateChoice(click.Choice[str]):
+    """States accepted in any case, named in errors as the tables spell them (RUNNING)."""
+
+    def __init__(self, states: Sequence[str]) -> None:
+        super().__init__(states, case_sensitive=False)
+
+    def get_invalid_choice_message(self, value: Any, ctx: click.Context | None) -> str:
+        return f"{value!r} is not one of {', '.join(map(str, self.choices))} (any case)"
+
+
 FORMATS = ("table", "wide", "json", "yaml")
 # A table's REASON is cut to this many characters (the whole text with ``-o wide``).
 REASON_WIDTH = 60
@@ -37,7 +48,7 @@ output_option = click.option(
     show_default=True,
     envvar="PELOTON_OUTPUT",
     callback=_table_unless_listed,
-    help="Output format: a table for people, json or yaml for scripts.",
+    help="Output format: a table for people (wide: the same here), json or yaml for scripts.",
 )
 
 list_output_option = click.option(
