@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,30 +39,28 @@ def _table_unless_listed(ctx: click.Context, param: click.Parameter, value: str)
     return "table" if value == "wide" else value
 
 
-output_option = click.option(
-    "--output",
-    "-o",
-    "fmt",
-    type=click.Choice(FORMATS),
-    default="table",
-    show_default=True,
-    envvar="PELOTON_OUTPUT",
+def _format_option(help: str, **extra: Any) -> Callable[[Any], Any]:
+    return click.option(
+        "--output",
+        "-o",
+        "fmt",
+        type=click.Choice(FORMATS),
+        default="table",
+        show_default=True,
+        envvar="PELOTON_OUTPUT",
+        help=help,
+        **extra,
+    )
+
+
+output_option = _format_option(
+    "Output format: a table for people (wide: the same here), json or yaml for scripts.",
     callback=_table_unless_listed,
-    help="Output format: a table for people (wide: the same here), json or yaml for scripts.",
 )
 
-list_output_option = click.option(
-    "--output",
-    "-o",
-    "fmt",
-    type=click.Choice(FORMATS),
-    default="table",
-    show_default=True,
-    envvar="PELOTON_OUTPUT",
-    help=(
-        f"Output format: a table for people (long reasons cut to {REASON_WIDTH} characters), "
-        "wide (the table with reasons whole), json or yaml for scripts."
-    ),
+list_output_option = _format_option(
+    f"Output format: a table for people (long reasons cut to {REASON_WIDTH} characters), "
+    "wide (the table with reasons whole), json or yaml for scripts."
 )
 
 
