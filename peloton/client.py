@@ -244,11 +244,25 @@ class PelotonClient:
         return self._call(self._hosts.UndrainHost, request).host
 
     def get_task_logs(
-        self, job_id: str, instance_id: int, *, stderr: bool = False, offset: int = 0
+        self,
+        job_id: str,
+        instance_id: int,
+        *,
+        stderr: bool = False,
+        offset: int = 0,
+        attempt: int = 0,
+        previous: bool = False,
     ) -> host_pb2.GetTaskLogsResponse:
-        """A piece of a task's stdout (or stderr) from ``offset``, read from its agent."""
+        """A piece of a task's stdout (or stderr) from ``offset``, read from its agent: of
+        ``attempt`` (1, 2, ...), of the attempt before the current one (``previous``), or of the
+        latest attempt that reached a host."""
         request = host_pb2.GetTaskLogsRequest(
-            job_id=job_id, instance_id=instance_id, stderr=stderr, offset=offset
+            job_id=job_id,
+            instance_id=instance_id,
+            stderr=stderr,
+            offset=offset,
+            attempt=attempt,
+            previous=previous,
         )
         return self._call(self._hosts.GetTaskLogs, request)
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
 
 from peloton.api.convert import timestamp
-from peloton.errors import FailedPrecondition, InvalidArgument
+from peloton.errors import FailedPrecondition, InvalidArgument, NotFound
 from peloton.hostmgr.hosts import HostRegistry, HostState, HostView
 from peloton.hostmgr.sandbox import read_file, sandbox_path
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.states import TASK_TERMINAL, TASK_UNLAUNCHED
+from peloton.jobmgr.records import AttemptRecord, EventRecord, TaskRecord
+from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL, TASK_UNLAUNCHED
 from peloton.v1 import host_pb2, host_pb2_grpc
 
 if TYPE_CHECKING:  # pymesos (imported by the framework) is only loaded when Mesos is used
@@ -91,22 +93,85 @@ class HostService(host_pb2_grpc.HostServiceServicer):
             raise InvalidArgument("offset", f"must be >= 0 (got {request.offset})")
         if request.length > MAX_LOG_BYTES:
             raise InvalidArgument("length", f"at most {MAX_LOG_BYTES} (got {request.length})")
-        task, _ = self._jobs.get_task(request.job_id, request.instance_id)
-        current = task.current
-        if current.state in TASK_UNLAUNCHED:
-            raise FailedPrecondition(
-                f"task {request.instance_id} is {current.state}: it has not been launched"
-            )
+        if request.previous and request.attempt:
+            raise InvalidArgument("previous", "cannot be combined with attempt: give one of them")
+        task, events = self._jobs.get_task(request.job_id, request.instance_id)
+        chosen = pick_attempt(task, events, request.attempt, request.previous)
         if self._hostmgr is None:
             raise FailedPrecondition("no Mesos master is configured (server --mesos-master)")
-        address, framework_id, executor_id = self._hostmgr.sandbox(current.id, current.host)
+        address, framework_id, executor_id = self._hostmgr.sandbox(chosen.id, chosen.host)
+        ended = chosen is not task.current or chosen.state in TASK_TERMINAL
         name = "stderr" if request.stderr else "stdout"
-        data, offset = read_file(
-            address,
-            sandbox_path(framework_id, executor_id, current.id, name),
-            request.offset,
-            request.length or DEFAULT_LOG_BYTES,
-        )
+        try:
+            data, offset = read_file(
+                address,
+                sandbox_path(framework_id, executor_id, chosen.id, name),
+                request.offset,
+                request.length or DEFAULT_LOG_BYTES,
+            )
+        except NotFound:
+            if not ended:
+                raise  # a task just launched whose executor has not made its sandbox yet
+            raise NotFound(
+                f"the sandbox of attempt {chosen.attempt} ({chosen.id}) is no longer on its "
+                f"agent {chosen.host} ({address}): the agent garbage-collected it"
+            ) from None
         return host_pb2.GetTaskLogsResponse(
-            data=data, offset=offset, ended=current.state in TASK_TERMINAL, task_id=current.id
+            data=data, offset=offset, ended=ended, task_id=chosen.id, attempt=chosen.attempt
         )
+
+
+def pick_attempt(
+    task: TaskRecord, events: Sequence[EventRecord], number: int, previous: bool
+) -> AttemptRecord:
+    """The attempt whose logs GetTaskLogs reads: attempt ``number`` (1, 2, ...), the latest one
+    before the current one that reached a host (``previous``), or else the latest one that
+    reached a host (a task waiting to restart shows the run that ended, as kubectl does)."""
+    launched = {e.attempt_id for e in events if e.to_state in TASK_ACTIVE}
+
+    def reached_host(a: AttemptRecord) -> bool:
+        if a is task.current:
+            return a.state not in TASK_UNLAUNCHED
+        # An ended attempt's state says nothing of where it got: its events (or start) do.
+        return a.id in launched or a.started_at is not None
+
+    where = f"task {task.instance_id} of job {task.job_id}"
+    if number:
+        return _numbered(task, number, where, reached_host)
+    earlier = task.history if previous else (*task.history, task.current)
+    ran = [a for a in earlier if reached_host(a)]
+    if ran:
+        return ran[-1]
+    if not previous:
+        raise FailedPrecondition(
+            f"task {task.instance_id} is {task.current.state}: it has not been launched"
+        )
+    if not task.history:
+        raise FailedPrecondition(
+            f"previous: {where} has only one attempt ({task.current.attempt}); "
+            "no earlier one to show"
+        )
+    raise FailedPrecondition(
+        f"previous: no attempt of {where} before attempt {task.current.attempt} reached a host"
+    )
+
+
+def _numbered(
+    task: TaskRecord, number: int, where: str, reached_host: Callable[[AttemptRecord], bool]
+) -> AttemptRecord:
+    """Attempt ``number`` of the task, if it exists and reached a host."""
+    attempts = (*task.history, task.current)
+    found = next((a for a in attempts if a.attempt == number), None)
+    if found is None:
+        first, last = attempts[0].attempt, attempts[-1].attempt
+        which = f"only attempt is {first}" if first == last else f"attempts are {first} to {last}"
+        raise NotFound(f"attempt: {where} has no attempt {number}; its {which}")
+    if reached_host(found):
+        return found
+    if found is task.current:
+        raise FailedPrecondition(
+            f"attempt {number} of {where} is {found.state}: it has not reached a host yet"
+        )
+    raise FailedPrecondition(
+        f"attempt {number} of {where} ended {found.state} before it reached a host"
+    )

@@ -295,17 +295,61 @@ LOG_POLL_SECONDS = 0.5
 @click.argument("job_id")
 @click.argument("instance", type=click.IntRange(0, 2**32 - 1))
 @click.option("--stderr", is_flag=True, help="The task's stderr instead of its stdout.")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the task ends.")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep printing new output until the attempt ends."
+)
+@click.option(
+    "--attempt",
+    type=click.IntRange(1, 2**32 - 1),
+    metavar="N",
+    help="Attempt N (1, 2, ...: as `task get` numbers them).",
+)
+@click.option(
+    "--previous",
+    "-p",
+    is_flag=True,
+    help="The attempt before the current one (the run that ended for it to start).",
+)
 @click.pass_context
-def task_logs(ctx: click.Context, job_id: str, instance: int, stderr: bool, follow: bool) -> None:
-    """Print a task's output (its current attempt's sandbox file, read from its host)."""
+def task_logs(
+    ctx: click.Context,
+    job_id: str,
+    instance: int,
+    stderr: bool,
+    follow: bool,
+    attempt: int | None,
+    previous: bool,
+) -> None:
+    """Print a task's output: an attempt's sandbox file, read from the host it ran on.
+
+    Without --attempt or --previous, the latest attempt that reached a host: a task waiting to
+    restart shows the run that ended. Ended attempts can be read while their agent keeps their
+    sandboxes (until Mesos garbage-collects them).
+
+    \b
+    Examples:
+      peloton task logs JOB_ID 0 -f          # follow the running attempt
+      peloton task logs JOB_ID 0 --previous  # why did it restart?
+      peloton task logs JOB_ID 0 --attempt 1 --stderr
+    """
     import time
 
+    if attempt is not None and previous:
+        raise click.UsageError("--attempt and --previous are mutually exclusive", ctx)
     offset = 0
     with connect(ctx) as client:
         job_id = resolve_job_id(client, job_id)
         while True:
-            piece = client.get_task_logs(job_id, instance, stderr=stderr, offset=offset)
+            piece = client.get_task_logs(
+                job_id,
+                instance,
+                stderr=stderr,
+                offset=offset,
+                attempt=attempt or 0,
+                previous=previous,
+            )
+            # Stay on the attempt first read, should the task restart while it is followed.
+            attempt, previous = piece.attempt, False
             if piece.data:
                 sys.stdout.buffer.write(piece.data)
                 sys.stdout.buffer.flush()

@@ -516,15 +516,26 @@ class HostManager:
         log.info("kill sent", extra={"task_id": task_id, "grace_seconds": grace_seconds})
 
     def sandbox(self, task_id: str, hostname: str) -> tuple[str, str, str]:
-        """(agent address, framework id, executor id) of an attempt's sandbox."""
+        """(agent address, framework id, executor id) of an attempt's sandbox, ended attempts
+        included (where each attempt ran is kept for the daemon's lifetime).
+
+        FailedPrecondition if the sandbox is unknown or its agent is gone (DOWN: Mesos lost
+        it, and its sandboxes with it)."""
         where = self._where.get(task_id)
         if where is None and not hostname:
             raise FailedPrecondition(f"task {task_id} has not been placed on a host")
         if where is None:
             raise FailedPrecondition(
-                f"the sandbox of {task_id} is unknown (no status update seen since restart)"
+                f"the sandbox of {task_id} on {hostname} is unknown: this daemon has seen no "
+                "status update of it since it started"
             )
-        return self.hosts.get(where.agent_id).record.address, self.framework_id, where.executor_id
+        host = self.hosts.get(where.agent_id).record
+        if host.state == HostState.DOWN:
+            raise FailedPrecondition(
+                f"the sandbox of {task_id} is gone: its agent {host.agent_id} ({host.hostname}) "
+                "is DOWN"
+            )
+        return host.address, self.framework_id, where.executor_id
 
     # ------------------------------------------------------------------ status updates
 

@@ -266,7 +266,14 @@ Global___UndrainHostResponse: _TypeAlias = UndrainHostResponse  # noqa: Y015
 
 @_typing.final
 class GetTaskLogsRequest(_message.Message):
-    """A piece of a task's sandbox file, read from its agent (as Mesos's /files/read serves it)."""
+    """A piece of a task's sandbox file, read from its agent (as Mesos's /files/read serves it).
+
+    Every attempt (run) of a task has its own sandbox; an agent keeps the sandboxes of ended
+    attempts until Mesos garbage-collects them, so any attempt still there can be read. Neither
+    `attempt` nor `previous`: the latest attempt that reached a host. A task waiting to restart
+    (its current attempt PENDING after an earlier one ended) thus shows the run that ended, as
+    `kubectl logs` shows a container in CrashLoopBackOff.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -275,6 +282,8 @@ class GetTaskLogsRequest(_message.Message):
     STDERR_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     LENGTH_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    PREVIOUS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     instance_id: _builtins.int
     stderr: _builtins.bool
@@ -283,6 +292,16 @@ class GetTaskLogsRequest(_message.Message):
     """Byte offset to read from."""
     length: _builtins.int
     """Most bytes to return; 0: 64 KiB. At most 1 MiB."""
+    attempt: _builtins.int
+    """The attempt to read, numbered from 1 as TaskInfo.current and history number them; 0: the
+    latest attempt that reached a host. NOT_FOUND names the attempts that exist;
+    FAILED_PRECONDITION: the attempt never reached a host.
+    """
+    previous: _builtins.bool
+    """The latest attempt before the current one that reached a host: the run that ended for the
+    current attempt to start (`kubectl logs --previous`). FAILED_PRECONDITION when there is
+    none; INVALID_ARGUMENT with `attempt`.
+    """
     def __init__(
         self,
         *,
@@ -291,10 +310,12 @@ class GetTaskLogsRequest(_message.Message):
         stderr: _builtins.bool = ...,
         offset: _builtins.int = ...,
         length: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+        previous: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_id", b"instance_id", "job_id", b"job_id", "length", b"length", "offset", b"offset", "stderr", b"stderr"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "instance_id", b"instance_id", "job_id", b"job_id", "length", b"length", "offset", b"offset", "previous", b"previous", "stderr", b"stderr"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -308,6 +329,7 @@ class GetTaskLogsResponse(_message.Message):
     OFFSET_FIELD_NUMBER: _builtins.int
     ENDED_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     offset: _builtins.int
     """Offset of the first byte of `data`; the next read starts at offset + len(data)."""
@@ -315,6 +337,10 @@ class GetTaskLogsResponse(_message.Message):
     """The task's attempt has ended: once `data` is empty there is no more to come."""
     task_id: _builtins.str
     """The Mesos task id (attempt) the file belongs to."""
+    attempt: _builtins.int
+    """The number of that attempt: a reader that follows the output passes it as `attempt` so that
+    it stays on this attempt when the task restarts.
+    """
     def __init__(
         self,
         *,
@@ -322,10 +348,11 @@ class GetTaskLogsResponse(_message.Message):
         offset: _builtins.int = ...,
         ended: _builtins.bool = ...,
         task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "ended", b"ended", "offset", b"offset", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "data", b"data", "ended", b"ended", "offset", b"offset", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -94,8 +94,9 @@ class HostServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetTaskLogs(self, request, context):
-        """NOT_FOUND: no such job or instance. FAILED_PRECONDITION: the task never reached a host, or
-        no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
+        """NOT_FOUND: no such job, instance or attempt, or the attempt's sandbox is no longer on its
+        agent (garbage-collected). FAILED_PRECONDITION: the attempt never reached a host, its agent
+        is gone (DOWN), or no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

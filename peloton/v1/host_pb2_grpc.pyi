@@ -42,8 +42,9 @@ class HostServiceStub:
     """
     UndrainHost: _grpc.UnaryUnaryMultiCallable[_host_pb2.UndrainHostRequest, _host_pb2.UndrainHostResponse]
     GetTaskLogs: _grpc.UnaryUnaryMultiCallable[_host_pb2.GetTaskLogsRequest, _host_pb2.GetTaskLogsResponse]
-    """NOT_FOUND: no such job or instance. FAILED_PRECONDITION: the task never reached a host, or
-    no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
+    """NOT_FOUND: no such job, instance or attempt, or the attempt's sandbox is no longer on its
+    agent (garbage-collected). FAILED_PRECONDITION: the attempt never reached a host, its agent
+    is gone (DOWN), or no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
     """
 
 @_typing.type_check_only
@@ -60,8 +61,9 @@ class HostServiceAsyncStub(HostServiceStub):
     """
     UndrainHost: _aio.UnaryUnaryMultiCallable[_host_pb2.UndrainHostRequest, _host_pb2.UndrainHostResponse]  # type: ignore[assignment]
     GetTaskLogs: _aio.UnaryUnaryMultiCallable[_host_pb2.GetTaskLogsRequest, _host_pb2.GetTaskLogsResponse]  # type: ignore[assignment]
-    """NOT_FOUND: no such job or instance. FAILED_PRECONDITION: the task never reached a host, or
-    no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
+    """NOT_FOUND: no such job, instance or attempt, or the attempt's sandbox is no longer on its
+    agent (garbage-collected). FAILED_PRECONDITION: the attempt never reached a host, its agent
+    is gone (DOWN), or no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
     """
 
 class HostServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -105,8 +107,9 @@ class HostServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _host_pb2.GetTaskLogsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_host_pb2.GetTaskLogsResponse, _abc.Awaitable[_host_pb2.GetTaskLogsResponse]]:
-        """NOT_FOUND: no such job or instance. FAILED_PRECONDITION: the task never reached a host, or
-        no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
+        """NOT_FOUND: no such job, instance or attempt, or the attempt's sandbox is no longer on its
+        agent (garbage-collected). FAILED_PRECONDITION: the attempt never reached a host, its agent
+        is gone (DOWN), or no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
         """
 
 def add_HostServiceServicer_to_server(servicer: HostServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
