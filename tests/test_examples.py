@@ -1,45 +1,54 @@
-"""Every file in examples/ is valid, and the job examples run as written (but for their command)
-on a minicluster through a daemon, placed as their comments say."""
+"""Every file in examples/ is valid, and every job example runs as written on the cluster the
+README tells a user to start for them (examples/minicluster-examples.yaml), through a daemon: the
+pools created from examples/pools, each job file's own command run from the virtualenv (as after
+``. .venv/bin/activate``), to the end its comment promises, placed as it says, with the workers'
+output in the task logs. tests/mesos/test_real_examples.py runs the same checks on real Mesos."""
 
 from __future__ import annotations
 
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 import yaml
-from daemon import Peloton, run_peloton, start_minicluster
+from daemon import Peloton, run_peloton, start_minicluster, wait_for
 
+from peloton.client import PelotonClient
 from peloton.jobmgr.spec import load_job_spec_yaml, validate_job_spec
 from peloton.minicluster import AgentSpec, Minicluster
 from peloton.v1 import job_pb2
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-JOB_FILES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if p.name != "minicluster-agents.yaml")
+# The cluster the README starts for the examples (the demo's own is minicluster-agents.yaml).
+AGENTS_FILE = EXAMPLES / "minicluster-examples.yaml"
+JOB_FILES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if not p.name.startswith("minicluster-"))
 POOL_FILES = sorted(EXAMPLES.glob("pools/*.yaml"))
-# Parents before children, as `peloton pool create` needs them.
+# Parents before children, as `peloton pool create` needs them (the README's order).
 POOL_ORDER = ("research", "vision", "nlp", "llm")
-
-AGENT = "cpus:32;mem:262144;disk:100000;gpus:2;ports:[31000-31100]"
-# (hostname, rack, GPU model): gpu-r3 is outside multi-rack-gang.yaml's racks and gpu-v100 has
-# the wrong GPU model, so that gang may use only the other six.
-HOSTS = [
-    ("gpu-r1-a", "r1", "A100"),
-    ("gpu-r1-b", "r1", "H100"),
-    ("gpu-r1-v100", "r1", "V100"),
-    ("gpu-r2-a", "r2", "A100"),
-    ("gpu-r2-b", "r2", "A100"),
-    ("gpu-r2-c", "r2", "H100"),
-    ("gpu-r3-a", "r3", "A100"),
-    ("gpu-r1-c", "r1", "A100"),
-]
-RACK = {host: rack for host, rack, _ in HOSTS}
-MODEL = {host: model for host, _, model in HOSTS}
+# The loss of the demo's model trained in one process on all the data (tests/test_demo.py checks
+# that a gang of any size ends there too); every worker of the examples prints it at the end.
+FINAL_LOSS = "0.311601"
+SWEEP_RATES = ("0.01", "0.03", "0.1", "0.3", "0.5", "1", "2", "4")
 
 
 def load_job(name: str) -> job_pb2.JobSpec:
     return load_job_spec_yaml((EXAMPLES / name).read_text())
+
+
+def agents() -> list[AgentSpec]:
+    return AgentSpec.load_file(AGENTS_FILE)
+
+
+def attribute(agent: AgentSpec, name: str) -> str:
+    found = re.search(rf"\b{name}:([^;]+)", agent.attributes)
+    assert found is not None, agent
+    return found.group(1)
+
+
+RACK = {a.hostname: attribute(a, "rack") for a in agents()}
+MODEL = {a.hostname: attribute(a, "gpu_model") for a in agents()}
 
 
 def test_every_example_is_there() -> None:
@@ -54,10 +63,11 @@ def test_every_example_is_there() -> None:
 
 
 @pytest.mark.parametrize("name", JOB_FILES)
-def test_job_example_is_valid_and_its_pool_is_an_example(name: str) -> None:
+def test_job_example_is_valid_and_says_where_it_runs(name: str) -> None:
     spec = load_job(name)
     validate_job_spec(spec)
     assert spec.pool in pool_paths()
+    assert AGENTS_FILE.name in (EXAMPLES / name).read_text()
 
 
 def pool_paths() -> list[str]:
@@ -67,58 +77,138 @@ def pool_paths() -> list[str]:
 
 def test_pool_and_agent_examples_load() -> None:
     assert pool_paths() == ["/llm", "/research", "/research/nlp", "/research/vision"]
-    agents = AgentSpec.load_file(EXAMPLES / "minicluster-agents.yaml")
-    assert [a.hostname for a in agents] == ["gpu-r1-1", "gpu-r2-1"]
+    demo = AgentSpec.load_file(EXAMPLES / "minicluster-agents.yaml")
+    assert [a.hostname for a in demo] == ["gpu-r1-1", "gpu-r2-1"]
+    assert RACK == {
+        "gpu-r1-1": "r1",
+        "gpu-r1-2": "r1",
+        "gpu-r2-1": "r2",
+        "gpu-r2-2": "r2",
+        "gpu-r3-v100": "r3",
+    }
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Minicluster]:
-    agents = [
-        AgentSpec(host, resources=AGENT, attributes=f"rack:{rack};gpu_model:{model}")
-        for host, rack, model in HOSTS
-    ]
-    mc = start_minicluster(agents, tmp_path / "cluster")
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Minicluster]:
+    # The agents pass their environment on to tasks: the virtualenv's python first on PATH, as
+    # in a shell where the README's `. .venv/bin/activate` ran.
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent), prepend=":")
+    mc = start_minicluster(agents(), tmp_path / "cluster")
     yield mc
     mc.stop()
 
 
-def run_example(peloton: Peloton, spec: job_pb2.JobSpec) -> dict[int, str]:
-    """Submit ``spec`` with a command that just exits 0; returns each instance's host once the
-    job has SUCCEEDED."""
-    spec.task.command = f"exec {sys.executable} -c pass"
-    job_id = peloton.client.create_job(spec).job_id
-    job = peloton.wait_done(job_id, timeout=60)
-    assert job.state == job_pb2.JOB_STATE_SUCCEEDED, (job.reason, job.message)
+def task_log(client: PelotonClient, job_id: str, instance: int) -> str:
+    """The whole stdout of the task's latest attempt, read from its agent."""
+    data, offset = b"", 0
+    while True:
+        piece = client.get_task_logs(job_id, instance, offset=offset)
+        if not piece.data:
+            return data.decode(errors="replace")
+        data += piece.data
+        offset = piece.offset + len(piece.data)
+
+
+def hosts_of(peloton: Peloton, job_id: str) -> dict[int, str]:
     return {t.instance_id: t.current.host for t in peloton.client.list_tasks(job_id).tasks}
 
 
-@pytest.mark.parametrize("backend", ["sqlite"])
-def test_job_examples_run_on_a_cluster_as_described(peloton: Peloton) -> None:
+def submit(peloton: Peloton, name: str, env: Mapping[str, str]) -> str:
+    spec = load_job(name)
+    spec.task.env.update(env)
+    return peloton.client.create_job(spec).job_id
+
+
+def succeeds(peloton: Peloton, name: str, env: Mapping[str, str]) -> tuple[str, dict[int, str]]:
+    """Submit an example and wait for it to succeed; its id and each instance's host."""
+    job_id = submit(peloton, name, env)
+    job = peloton.wait_done(job_id, timeout=120)
+    assert job.state == job_pb2.JOB_STATE_SUCCEEDED, (name, peloton.describe(job_id))
+    return job_id, hosts_of(peloton, job_id)
+
+
+def assert_ranks_trained(peloton: Peloton, job_id: str, size: int) -> None:
+    for rank in range(size):  # rank i is instance i
+        log = task_log(peloton.client, job_id, rank)
+        assert f"rank {rank}/{size} step 0 loss" in log, log
+        assert log.rstrip().endswith(f"rank {rank} done: final loss {FINAL_LOSS}"), log
+
+
+def run_every_example(
+    peloton: Peloton, *, env: Mapping[str, str] | None = None, gpus_isolated: bool = True
+) -> None:
+    """Create the example pools and run every job example to its documented end, checking the
+    placement its comment promises and its workers' output. ``env``: variables added to each job
+    (its command unchanged); ``gpus_isolated``: the agents hand each task its GPU devices."""
+    env = env or {}
     for name in POOL_ORDER:
         created = run_peloton(
             "pool", "create", str(EXAMPLES / "pools" / f"{name}.yaml"), server=peloton.proc.address
         )
         assert created.returncode == 0, created.stderr
 
-    hosts = run_example(peloton, load_job("single-gpu.yaml"))
+    # One trial on one GPU, which it names.
+    job_id, hosts = succeeds(peloton, "single-gpu.yaml", env)
     assert list(hosts) == [0]
+    log = task_log(peloton.client, job_id, 0)
+    gpus = r"GPUs [0-3]\n" if gpus_isolated else r"GPUs not isolated"
+    assert re.search(rf"^trial 0 of job {job_id}: rank 0 of 1, {gpus}", log, re.M), log
+    assert f"PELOTON_JOB_ID={job_id}\n" in log, log
+    assert log.rstrip().endswith(f"trial 0 done: lr 0.5, final loss {FINAL_LOSS}"), log
 
-    # Packed: 8 one-GPU workers on the fewest 2-GPU hosts.
-    hosts = run_example(peloton, load_job("gang-8gpu.yaml"))
-    assert len(hosts) == 8 and len(set(hosts.values())) == 4
+    # Packed: 8 one-GPU ranks on two 4-GPU A100 hosts of one rack.
+    job_id, hosts = succeeds(peloton, "gang-8gpu.yaml", env)
+    per_host = sorted(list(hosts.values()).count(h) for h in set(hosts.values()))
+    assert per_host == [4, 4], hosts
+    assert {MODEL[h] for h in hosts.values()} == {"A100"}, hosts
+    assert len({RACK[h] for h in hosts.values()}) == 1, hosts
+    assert_ranks_trained(peloton, job_id, 8)
 
-    # Spread: one 2-GPU worker per host, only A100/H100 hosts in r1 and r2, over both racks.
-    hosts = run_example(peloton, load_job("multi-rack-gang.yaml"))
-    assert len(set(hosts.values())) == 4
-    assert not {"gpu-r1-v100", "gpu-r3-a"} & set(hosts.values())
-    assert {RACK[h] for h in hosts.values()} == {"r1", "r2"}
-    assert len({MODEL[h] for h in hosts.values()}) == 1
+    # Spread: one 2-GPU rank on each A100 host of racks r1 and r2, none on the V100 of r3.
+    job_id, hosts = succeeds(peloton, "multi-rack-gang.yaml", env)
+    assert sorted(hosts.values()) == ["gpu-r1-1", "gpu-r1-2", "gpu-r2-1", "gpu-r2-2"], hosts
+    assert_ranks_trained(peloton, job_id, 4)
 
-    # The sweep wants 8 GPUs in a pool that reserves 4: only as a preemptible gang may it borrow.
-    hosts = run_example(peloton, load_job("preemptible-borrow.yaml"))
-    assert len(hosts) == 8
+    # Every field: 4 one-GPU ranks packed on one A100 host of rack r1.
+    job_id, hosts = succeeds(peloton, "job.yaml", env)
+    (host,) = set(hosts.values())
+    assert (RACK[host], MODEL[host], len(hosts)) == ("r1", "A100", 4), hosts
+    assert_ranks_trained(peloton, job_id, 4)
+
+    # The sweep runs on 8 GPUs in a pool that reserves 4: it borrows what the idle pools lend.
+    job_id = submit(peloton, "preemptible-borrow.yaml", env)
+    peloton.wait_running(job_id, timeout=60)
+    hosts = hosts_of(peloton, job_id)
+    assert len(set(hosts.values())) == 2, hosts
+    gpu = peloton.client.get_pool("/research/vision").status["gpu"]
+    assert (gpu.reservation, gpu.allocation, gpu.borrowed) == (4, 8, 4), gpu
+    tree = run_peloton("pool", "tree", "--kind", "gpu", server=peloton.proc.address)
+    assert re.search(r"vision.*▲", tree.stdout), tree.stdout
+    for i, rate in enumerate(SWEEP_RATES):
+        first = f"trial {i} lr {rate} step 0 loss"
+        wait_for(
+            lambda i=i, first=first: first in task_log(peloton.client, job_id, i),
+            30,
+            f"trial {i}'s first step in its log",
+            interval=0.2,
+            state=lambda i=i: task_log(peloton.client, job_id, i),
+        )
+    killed = run_peloton("job", "kill", job_id, "-m", "enough", server=peloton.proc.address)
+    assert killed.returncode == 0, killed.stderr
+    job = peloton.wait_done(job_id, timeout=60)
+    assert job.state == job_pb2.JOB_STATE_KILLED, peloton.describe(job_id)
+    for i in range(len(SWEEP_RATES)):
+        log = task_log(peloton.client, job_id, i)
+        assert re.search(rf"^trial {i}: SIGTERM at step \d+: stopping$", log, re.M), log
+
+    # Not preemptible, the sweep could only run within the reservation, which is too small.
     spec = load_job("preemptible-borrow.yaml")
     spec.preemption.preemptible = False
     job_id = peloton.client.create_job(spec).job_id
     job = peloton.wait_done(job_id, timeout=30)
     assert (job.state, job.reason) == (job_pb2.JOB_STATE_FAILED, "gang_infeasible"), job
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_job_examples_run_on_the_documented_cluster_as_described(peloton: Peloton) -> None:
+    run_every_example(peloton)

@@ -3,9 +3,11 @@ local real Mesos cluster, run to their documented end (tests/test_demo.py and
 tests/test_examples.py do the same on a minicluster; their checks are reused here).
 
 The demo runs on agents shaped as ``examples/minicluster-agents.yaml`` (2 x 2 A100 GPUs, racks r1
-and r2); the examples need more GPUs than that (an 8-GPU gang, a spread over 4 hosts), so they run
-on the 8 agents tests/test_examples.py describes. Agents of a local cluster share its address,
-so each is given its own port range.
+and r2), the examples on the agents of ``examples/minicluster-examples.yaml``, the cluster the
+README starts for them. Agents of a local cluster share its address, so each is given its own port
+range. Mesos's default executor gives a task the host's default PATH, not the agent's
+environment: each example job adds the virtualenv's bin to its PATH (what a cluster does to put
+its Python before the system's), its command unchanged.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from peloton import demo
 from peloton.minicluster import AgentSpec
 from peloton.v1 import job_pb2
 
+# What Mesos's default executor puts on a task's PATH (os::host_default_path()).
+HOST_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 pytestmark = [pytest.mark.parametrize("backend", ["sqlite"]), pytest.mark.local_shape]
 
 
@@ -78,19 +82,21 @@ def test_the_demo_gang_trains_to_the_one_process_result(
 def test_every_job_example_runs_as_described(
     real_cluster: RealClusterFactory, make_peloton: PelotonFactory
 ) -> None:
+    agents = minicluster_examples.agents()
     cluster = real_cluster(
-        agents=len(minicluster_examples.HOSTS),
+        agents=len(agents),
         per_agent={
             i: {
-                "hostname": host,
-                "attributes": f"rack:{rack};gpu_model:{model}",
-                "resources": agent_resources(
-                    i, without_ports(minicluster_examples.AGENT), ports=101
-                ),
+                "hostname": a.hostname,
+                "attributes": a.attributes,
+                "resources": agent_resources(i, without_ports(a.resources), ports=101),
             }
-            for i, (host, rack, model) in enumerate(minicluster_examples.HOSTS)
+            for i, a in enumerate(agents)
         },
     )
-    # The same checks as on the minicluster: pools created from examples/pools, each job example
-    # submitted as written (its command made to exit 0) and placed as its comments say.
-    minicluster_examples.test_job_examples_run_on_a_cluster_as_described(make_peloton(cluster))
+    # The same checks as on the minicluster, but that no GPU device is handed out (the local real
+    # cluster accounts GPUs without isolating them).
+    path = f"{Path(sys.executable).parent}:{HOST_DEFAULT_PATH}"
+    minicluster_examples.run_every_example(
+        make_peloton(cluster), env={"PATH": path}, gpus_isolated=False
+    )
