@@ -175,6 +175,15 @@ def test_submit_request_id_is_idempotent(cli: Cli) -> None:
     assert "train-42" in line
 
 
+def test_submit_quiet_prints_only_the_id(cli: Cli) -> None:
+    # For scripts: JOB=$(peloton job submit -q FILE); -o is ignored.
+    first = cli.ok("job", "submit", "-q", cli.job_file())
+    second = cli.ok("job", "submit", "--quiet", cli.job_file(), "-o", "json")
+    ids = [first, second]
+    assert all(re.fullmatch(r"[0-9a-f-]{36}\n", out) for out in ids), ids
+    assert {j.job_id for j in cli.client.iter_jobs()} == {out.strip() for out in ids}
+
+
 def test_submit_from_stdin(cli: Cli) -> None:
     out = cli.ok("job", "submit", "-", input_text=JOB_YAML.replace("resnet", "from-stdin"))
     match = CREATED.match(out.strip())

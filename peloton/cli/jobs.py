@@ -82,9 +82,14 @@ def job() -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True))
 @click.option("--pool", "-p", help="Put the job in this leaf pool (overrides the file).")
 @click.option("--request-id", default="", help="Idempotency key: retrying returns the same job.")
+@click.option(
+    "--quiet", "-q", is_flag=True, help="Print only the job's id (JOB=$(peloton job submit -q F))."
+)
 @out.output_option
 @click.pass_context
-def submit(ctx: click.Context, file: Path, pool: str | None, request_id: str, fmt: str) -> None:
+def submit(
+    ctx: click.Context, file: Path, pool: str | None, request_id: str, quiet: bool, fmt: str
+) -> None:
     """Submit the job described in FILE (YAML; - reads standard input)."""
     try:
         text = sys.stdin.read() if str(file) == "-" else file.read_text()
@@ -99,7 +104,9 @@ def submit(ctx: click.Context, file: Path, pool: str | None, request_id: str, fm
         raise cli_error(exc) from None
     with connect(ctx) as client:
         response = client.create_job_ex(spec, request_id)
-    if fmt == "table":
+    if quiet:
+        click.echo(response.job.job_id)
+    elif fmt == "table":
         verb = "created" if response.created else "already exists (same request id)"
         click.echo(f"job {response.job.job_id} {verb}")
     else:
