@@ -1,7 +1,7 @@
 """Gangs on a real Mesos master (``mesos``: ``PELOTON_TEST_MESOS_MASTER`` or a local real cluster
 of two agents) through a ``peloton server`` process: a gang spread over two agents succeeds and
 every task sees its gang; the framework user; idle offers suppressed and declined; KillJob sends
-SIGTERM first.
+SIGTERM first; the logs of a failed attempt stay readable after its task restarted.
 
 Tasks run plain ``sh`` and report on their stdout, read back with ``peloton task logs`` (the
 agent's /files API), so these scenarios also run on an operator's cluster.
@@ -24,9 +24,10 @@ pytestmark = pytest.mark.parametrize("backend", ["postgresql"])
 SHOW_ENV = "env | grep '^PELOTON_' | sort"
 
 
-def task_logs(peloton: MesosPeloton, job_id: str, instance: int) -> str:
-    """A task's stdout, read from its agent's sandbox by ``peloton task logs``."""
-    out = run_peloton("task", "logs", job_id, str(instance), server=peloton.proc.address)
+def task_logs(peloton: MesosPeloton, job_id: str, instance: int, *args: str) -> str:
+    """A task's stdout (``args``: more ``task logs`` options), read from its agent's sandbox by
+    ``peloton task logs``."""
+    out = run_peloton("task", "logs", job_id, str(instance), *args, server=peloton.proc.address)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -139,3 +140,33 @@ def test_kill_job_stops_each_task_with_sigterm_first(peloton: MesosPeloton) -> N
     job = peloton.wait_done(job_id)
     assert job.state == job_pb2.JOB_STATE_KILLED, job
     assert [task_logs(peloton, job_id, i) for i in range(2)] == ["started\nsigterm\n"] * 2
+
+
+def test_the_logs_of_a_failed_attempt_are_read_after_the_task_restarted(
+    peloton: MesosPeloton, mesos: RealCluster
+) -> None:
+    # The first attempt fails; its executor ends, and the agent keeps its sandbox until GC.
+    command = (
+        'echo "run $PELOTON_ATTEMPT_ID"; echo "err $PELOTON_ATTEMPT_ID" >&2; '
+        'case "$PELOTON_ATTEMPT_ID" in *-1) exit 3;; esac'
+    )
+    job_id = peloton.submit(command, 1, max_failures=1, backoff_seconds=0)
+    job = peloton.wait_done(job_id)
+    assert job.state == job_pb2.JOB_STATE_SUCCEEDED, peloton.describe(job_id)
+    framework_id = peloton.framework()["id"]
+
+    def executors() -> set[str]:
+        return {e["executor_id"] for e in mesos.framework(framework_id)["executors"]}
+
+    # Read once the master has seen the first attempt's executor exit.
+    wait_for(
+        lambda: f"{job_id}-0-1-executor" not in executors(),
+        60,
+        "the first attempt's executor to end",
+        interval=0.2,
+        state=executors,
+    )
+    assert task_logs(peloton, job_id, 0) == f"run {job_id}-0-2\n"
+    assert task_logs(peloton, job_id, 0, "--previous") == f"run {job_id}-0-1\n"
+    assert task_logs(peloton, job_id, 0, "--attempt", "1", "--stderr") == f"err {job_id}-0-1\n"
+    assert task_logs(peloton, job_id, 0, "--attempt", "1", "-f") == f"run {job_id}-0-1\n"
