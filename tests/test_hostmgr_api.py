@@ -101,6 +101,29 @@ def test_logs_of_an_unlaunched_task_fail_precondition(
     assert e.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_logs_of_an_attempt_name_the_field_and_the_attempts_that_exist(
+    server: Server, stub: host_pb2_grpc.HostServiceStub
+) -> None:
+    assert server.jobs is not None
+    job, _ = server.jobs.create_job(make_spec(1))
+
+    def logs(attempt: int = 0, previous: bool = False) -> grpc.RpcError:
+        request = host_pb2.GetTaskLogsRequest(job_id=job.id, attempt=attempt, previous=previous)
+        return error(lambda: stub.GetTaskLogs(request))
+
+    e = logs(attempt=1, previous=True)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "previous" in str(e.details())
+    e = logs(attempt=2)
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+    assert str(e.details()).startswith("attempt: ") and "only attempt is 1" in str(e.details())
+    e = logs(attempt=1)
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "attempt 1" in str(e.details()) and "not reached a host" in str(e.details())
+    e = logs(previous=True)
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "only one attempt" in str(e.details())
+
+
 def test_cli_host_commands(server: Server) -> None:
     assert server.hosts is not None
     server.hosts.observe("h1", "a1", HOST, {"rack": "r1"}, "127.0.0.1:5051")
