@@ -109,6 +109,17 @@ def task_log(client: PelotonClient, job_id: str, instance: int) -> str:
         offset = piece.offset + len(piece.data)
 
 
+def wait_for_log(client: PelotonClient, job_id: str, instance: int, text: str) -> None:
+    """Until ``text`` is in the task's stdout (the log shown on timeout)."""
+    wait_for(
+        lambda: text in task_log(client, job_id, instance),
+        30,
+        f"{text!r} in the log of instance {instance}",
+        interval=0.2,
+        state=lambda: task_log(client, job_id, instance),
+    )
+
+
 def hosts_of(peloton: Peloton, job_id: str) -> dict[int, str]:
     return {t.instance_id: t.current.host for t in peloton.client.list_tasks(job_id).tasks}
 
@@ -183,16 +194,10 @@ def run_every_example(
     gpu = peloton.client.get_pool("/research/vision").status["gpu"]
     assert (gpu.reservation, gpu.allocation, gpu.borrowed) == (4, 8, 4), gpu
     tree = run_peloton("pool", "tree", "--kind", "gpu", server=peloton.proc.address)
-    assert re.search(r"vision.*▲", tree.stdout), tree.stdout
+    assert re.search(r"^   └─ vision .*▲ borrows 4 *$", tree.stdout, re.M), tree.stdout
+    assert re.search(r"^├─ llm .*▽ lends", tree.stdout, re.M), tree.stdout
     for i, rate in enumerate(SWEEP_RATES):
-        first = f"trial {i} lr {rate} step 0 loss"
-        wait_for(
-            lambda i=i, first=first: first in task_log(peloton.client, job_id, i),
-            30,
-            f"trial {i}'s first step in its log",
-            interval=0.2,
-            state=lambda i=i: task_log(peloton.client, job_id, i),
-        )
+        wait_for_log(peloton.client, job_id, i, f"trial {i} lr {rate} step 0 loss")
     killed = run_peloton("job", "kill", job_id, "-m", "enough", server=peloton.proc.address)
     assert killed.returncode == 0, killed.stderr
     job = peloton.wait_done(job_id, timeout=60)
