@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from daemon import ROOT, free_port, wait_for
-from test_examples import FINAL_LOSS, RACK, agents
+from test_examples import FINAL_LOSS, RACK, SWEEP_RATES, agents, wait_for_log
 
 from peloton.client import ClientError, PelotonClient
 from peloton.v1 import job_pb2
@@ -209,12 +209,14 @@ def test_using_it_runs_as_written(shell_env: tuple[Path, dict[str, str], int]) -
         shell.run(texts["sweep"], jobs)
         sweep = job_named(client, "logreg-sweep")
 
-        # "Once its tasks are RUNNING"
+        # "Once its tasks are RUNNING and have logged their first step"
         def running() -> bool:
             states = {t.state for t in client.list_tasks(sweep.job_id).tasks}
             return states == {job_pb2.TASK_STATE_RUNNING}
 
         wait_for(running, 60, "every trial of the sweep RUNNING", 0.1, jobs)
+        for i, rate in enumerate(SWEEP_RATES):
+            wait_for_log(client, sweep.job_id, i, f"trial {i} lr {rate} step 0 loss")
         out = shell.run(texts["borrow"], jobs)
         assert re.search(r"^├─ llm .*▽ lends 8 *$", out, re.M), out
         assert re.search(r"^   └─ vision +gpu +4 +\S+ +8 .*▲ borrows 4 *$", out, re.M), out
