@@ -164,7 +164,7 @@ def test_using_it_runs_as_written(shell_env: tuple[Path, dict[str, str], int]) -
     start = texts["start"]
     assert f"--port {MASTER_PORT} " in start and f"--mesos-master 127.0.0.1:{MASTER_PORT} " in start
     assert start.count(MASTER_PORT) == 2, start
-    texts["start"] = texts["start"].replace(MASTER_PORT, master)
+    texts["start"] = start.replace(MASTER_PORT, master)
     client = PelotonClient(f"127.0.0.1:{grpc}", timeout=10)
     shell = Shell(clone, env)
 
