@@ -75,8 +75,10 @@ class Resources:
         )
 
     def fits_in(self, other: Resources) -> bool:
-        """True if every kind of ``self`` is at most the same kind of ``other``."""
-        return all(self.get(k) <= other.get(k) + EPSILON for k in KINDS)
+        """True if every kind of ``self`` is at most the same kind of ``other``. A kind ``self``
+        does not use fits whatever ``other`` has of it, overdrawn included (a pool above its
+        entitlement in GPUs may still run work that needs none)."""
+        return not self.shortfall(other)
 
     def clamp_min_zero(self) -> Resources:
         return Resources(*(max(0.0, v) for _, v in self.items()))
@@ -86,7 +88,7 @@ class Resources:
         return [
             (k, self.get(k), available.get(k))
             for k in KINDS
-            if self.get(k) > available.get(k) + EPSILON
+            if self.get(k) > EPSILON and self.get(k) > available.get(k) + EPSILON
         ]
 
     def is_zero(self) -> bool:
