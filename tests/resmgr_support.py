@@ -88,6 +88,8 @@ class Harness:
         max_failures: int | None = None,
         backoff_seconds: int | None = None,
         max_runtime_seconds: int = 0,
+        cpu: float = 1,
+        mem_mb: float = 64,
     ) -> str:
         spec = job_pb2.JobSpec(
             name=name,
@@ -95,7 +97,7 @@ class Harness:
             priority=priority,
             instances=instances,
             task=job_pb2.TaskSpec(
-                command="train", resources=common_pb2.Resources(cpu=1, mem_mb=64, gpu=gpu)
+                command="train", resources=common_pb2.Resources(cpu=cpu, mem_mb=mem_mb, gpu=gpu)
             ),
         )
         spec.gang.min_instances = min_instances

@@ -199,7 +199,9 @@ def test_cli_pool_commands(server: Server, tmp_path: Path) -> None:
     assert "vision-team" in table and "FIFO" in table
     tree = ok("pool", "tree")
     assert "└─ vision" in tree and "├─ default" in tree
-    assert "▽ lends 4" in tree  # /research/vision reserves 4 GPUs it does not use
+    # /research/vision reserves 4 GPUs it does not use, but this daemon has no cluster: what a
+    # reservation guarantees (and so lends) is capped by what exists.
+    assert "lends" not in tree
     listed = yaml.safe_load(ok("pool", "tree", "-o", "yaml"))
     assert [p["spec"]["path"] for p in listed] == ["/", "/default", "/research", "/research/vision"]
 

@@ -22,10 +22,11 @@ gpu entitlement 8, allocated 6, gang needs 4``. Pure: no I/O, no clock (ages are
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from peloton.resmgr.pool import QueuePolicy, format_amount
+from peloton.resmgr.pool import PoolTree, QueuePolicy, format_amount
 from peloton.resources import EPSILON, KINDS, ZERO, Resources
 
 # Job reasons (short codes stored with the job; the message says the rest).
@@ -63,6 +64,29 @@ class Room:
     np_allocation: Resources
     # The pool's effective limit (its own, capped by its ancestors').
     limit: Resources
+
+    @classmethod
+    def of(
+        cls,
+        tree: PoolTree,
+        pool: str,
+        entitlement: Resources,
+        allocation: Resources,
+        np_allocation: Resources,
+    ) -> Room:
+        """The room of leaf ``pool`` of ``tree``."""
+        config = tree.get(pool)
+        return cls(
+            pool=pool,
+            entitlement=entitlement,
+            allocation=allocation,
+            # Non-preemptible work is held to the reservation of the kinds the pool configures.
+            reservation=Resources.of(
+                {k: config.kinds[k].reservation if k in config.kinds else math.inf for k in KINDS}
+            ),
+            np_allocation=np_allocation,
+            limit=Resources.of({k: tree.limit(pool, k) for k in KINDS}),
+        )
 
 
 @dataclass
@@ -168,6 +192,30 @@ def admit(
             blocker = blocker or gang
     decision.cluster_free = free
     return decision
+
+
+def admit_all(
+    queues: Mapping[str, Sequence[Waiting]],
+    rooms: Mapping[str, Room],
+    cluster_free: Resources,
+    capacity: Resources | None,
+    no_hosts: str = NO_HOSTS_YET,
+) -> tuple[dict[str, Decision], Resources]:
+    """Admit into every leaf pool (``queues`` in admission order, ``rooms`` by pool), the pool
+    using least of its entitlement first, so the most starved pool is first to the cluster's free
+    capacity. Returns each pool's decision, in the order served, and what is still free."""
+
+    def starvation(pool: str) -> float:
+        alloc, ent = rooms[pool].allocation, rooms[pool].entitlement
+        return max((alloc.get(k) / ent.get(k) if ent.get(k) > 0 else 0.0) for k in KINDS)
+
+    decisions: dict[str, Decision] = {}
+    free = cluster_free
+    for pool in sorted(queues, key=lambda p: (starvation(p), p)):
+        decision = admit(queues[pool], rooms[pool], free, capacity, no_hosts)
+        decisions[pool] = decision
+        free = decision.cluster_free
+    return decisions, free
 
 
 def _passes(need: Resources, available: Resources, held: Resources) -> bool:

@@ -107,6 +107,25 @@ class Calculator:
         ents = [self._split(k, capacity.get(k), d) for k, d in zip(KINDS, rolled, strict=True)]
         return Entitlements(ByPool(self._index, ents), ByPool(self._index, rolled))
 
+    def guarantees(self, capacity: Resources) -> Mapping[str, Resources]:
+        """What each pool's reservation guarantees on a cluster of ``capacity``: its reservation,
+        scaled down in proportion where its siblings' reservations promise more than their
+        parent's guarantee (the root's is the capacity). Siblings' guarantees never sum to more
+        than their parent's, so what pools lend never exceeds what exists."""
+        columns = [self._guarantee(k, capacity.get(k)) for k in KINDS]
+        return ByPool(self._index, columns)
+
+    def _guarantee(self, k: str, capacity: float) -> list[float]:
+        reservation = self._reservation[k]
+        out = [0.0] * len(self._paths)
+        out[0] = capacity
+        for i, kids in enumerate(self._children):
+            promised = sum(reservation[c] for c in kids)
+            scale = min(1.0, out[i] / promised) if promised > 0 else 0.0
+            for c in kids:
+                out[c] = reservation[c] * scale
+        return out
+
     def _roll_up(self, k: str, leaf_demand: list[float]) -> list[float]:
         """Leaves' demand capped by their limit; parents' the sum of their children's (a STATIC
         child counts at least its reservation), capped by the parent's limit."""

@@ -31,8 +31,9 @@ from peloton.jobmgr import restarts
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import JobRecord
 from peloton.jobmgr.states import Goal, JobState, TaskState
-from peloton.resmgr import admission, preemption
+from peloton.resmgr import admission, conservation, preemption
 from peloton.resmgr.admission import Decision, Room, Waiting, describe
+from peloton.resmgr.conservation import Conserved
 from peloton.resmgr.entitlement import Calculator, Entitlements
 from peloton.resmgr.metrics import KindStatus, PoolStatus, ResmgrMetrics
 from peloton.resmgr.pool import DEFAULT_POOL, ROOT, Policy, PoolConfig, PoolTree
@@ -373,15 +374,17 @@ class ResourceManager:
             ):
                 return
             self._cycle_at, self._cycle_capacity = now, capacity
-            ents = self._compute()
             usage = Usage.of(self._views.values())
             free = (self._capacity or ZERO) - usage.total()
-            decisions: dict[str, Decision] = {}
-            queues = self._queues()
-            for pool in self._most_starved_first(queues, ents, usage):
-                decision = self._admit_pool(pool, queues[pool], ents, usage, free)
-                decisions[pool] = decision
-                free = decision.cluster_free
+            queues = self._leaf_queues()
+            conserved = self._entitlements(queues, usage, free)
+            ents = conserved.usable
+            rooms = {p: self._room(p, ents.entitlement.get(p, ZERO), usage) for p in queues}
+            decisions, free = admission.admit_all(
+                queues, rooms, free, self._capacity, self._no_hosts
+            )
+            for decision in decisions.values():
+                self._explain(decision)
             admitted = [(pool, g) for pool, d in decisions.items() for g in d.admitted]
             self._admit(admitted[:max_admissions])
             self._backlog = max_admissions is not None and len(admitted) > max_admissions
@@ -392,7 +395,7 @@ class ResourceManager:
             self._starved = starved_now
             # Admission and preemption move tasks between queue and allocation; demand (their
             # sum) and so the entitlements stay as computed.
-            self._statuses = self._build_statuses(ents)
+            self._statuses = self._build_statuses(conserved)
 
     def _refresh_dirty(self) -> bool:
         """Re-read the changed jobs; whether anything a cycle decides on changed."""
@@ -462,24 +465,37 @@ class ResourceManager:
         self._views.pop(job_id, None)
         self._reasons.pop(job_id, None)
 
-    def _compute(self) -> Entitlements:
+    def _entitlements(
+        self, queues: Mapping[str, list[Waiting]], usage: Usage, free: Resources
+    ) -> Conserved:
+        """Fair and usable entitlements (see :mod:`peloton.resmgr.conservation`): demand is
+        every job's holding and pending tasks, less the queued gangs their pool can't fit."""
         demand: dict[str, Resources] = {}
         for view in self._views.values():
             amount = view.per_task.scale(view.pending + view.holding)
             demand[view.pool] = demand.get(view.pool, ZERO) + amount
-        return self._calculator.compute(self._capacity or ZERO, demand)
+        capacity = self._capacity
+        if capacity is None:  # nothing is admitted: no cluster yet
+            return conservation.conserve(self._calculator, ZERO, demand, {}, {}, free)
+        rooms = {pool: self._room(pool, ZERO, usage) for pool in queues}
+        return conservation.conserve(self._calculator, capacity, demand, queues, rooms, free)
 
-    @staticmethod
-    def _most_starved_first(
-        queues: Mapping[str, list[Waiting]], ents: Entitlements, usage: Usage
-    ) -> list[str]:
-        """Pools with waiting gangs, the one using least of its entitlement first."""
-
-        def starvation(pool: str) -> float:
-            alloc, ent = usage.allocation.get(pool, ZERO), ents.entitlement.get(pool, ZERO)
-            return max((alloc.get(k) / ent.get(k) if ent.get(k) > 0 else 0.0) for k in KINDS)
-
-        return sorted(queues, key=lambda p: (starvation(p), p))
+    def _leaf_queues(self) -> dict[str, list[Waiting]]:
+        """Every leaf pool's waiting gangs in admission order; jobs queued in a pool that is no
+        longer a leaf (deleted, or given children) fail."""
+        out: dict[str, list[Waiting]] = {}
+        for pool, queue in self._queues().items():
+            if self._tree.is_leaf(pool):
+                out[pool] = admission.order(queue, self._tree.get(pool).queue_policy)
+                continue
+            why = (
+                f"pool {pool} no longer exists"
+                if pool not in self._tree
+                else f"pool {pool} is not a leaf pool"
+            )
+            for w in queue:
+                self._fail(w.key, why)
+        return out
 
     def _queues(self) -> dict[str, list[Waiting]]:
         """Every pool's waiting gangs (in no particular order)."""
@@ -503,52 +519,23 @@ class ResourceManager:
                 )
         return out
 
-    def _room(self, pool: str, ents: Entitlements, usage: Usage) -> Room:
-        config = self._tree.get(pool)
-        return Room(
-            pool=pool,
-            entitlement=ents.entitlement.get(pool, ZERO),
-            allocation=usage.allocation.get(pool, ZERO),
-            # Non-preemptible work is held to the reservation of the kinds the pool configures.
-            reservation=Resources.of(
-                {k: config.kinds[k].reservation if k in config.kinds else math.inf for k in KINDS}
-            ),
-            np_allocation=usage.np_allocation.get(pool, ZERO),
-            limit=Resources.of({k: self._tree.limit(pool, k) for k in KINDS}),
+    def _room(self, pool: str, entitlement: Resources, usage: Usage) -> Room:
+        return Room.of(
+            self._tree,
+            pool,
+            entitlement,
+            usage.allocation.get(pool, ZERO),
+            usage.np_allocation.get(pool, ZERO),
         )
 
-    def _admit_pool(
-        self,
-        pool: str,
-        queue: list[Waiting],
-        ents: Entitlements,
-        usage: Usage,
-        free: Resources,
-    ) -> Decision:
-        if not self._tree.is_leaf(pool):
-            why = (
-                f"pool {pool} no longer exists"
-                if pool not in self._tree
-                else (f"pool {pool} is not a leaf pool")
-            )
-            for w in queue:
-                self._fail(w.key, why)
-            return Decision(cluster_free=free)
-        config = self._tree.get(pool)
-        decision = admission.admit(
-            admission.order(queue, config.queue_policy),
-            self._room(pool, ents, usage),
-            free,
-            self._capacity,
-            self._no_hosts,
-        )
+    def _explain(self, decision: Decision) -> None:
+        """Fail what can never be admitted; tell each waiting job why it waits (once)."""
         for key, (_, message) in decision.infeasible.items():
             self._fail(key, message)
         for key, reason in decision.pending.items():
             if self._reasons.get(key) != reason and key not in decision.infeasible:
                 self._reasons[key] = reason
                 self._jobs.set_pending_reason(key, *reason)
-        return decision
 
     def _admit(self, gangs: Sequence[tuple[str, Waiting]]) -> None:
         """Write the cycle's admissions (one transaction) and hand the gangs to placement."""
@@ -646,7 +633,7 @@ class ResourceManager:
 
     # ---------------------------------------------------------------- status
 
-    def _build_statuses(self, ents: Entitlements) -> dict[str, PoolStatus]:
+    def _build_statuses(self, conserved: Conserved) -> dict[str, PoolStatus]:
         alloc_leaf: dict[str, Resources] = {}
         queued: dict[str, int] = {}
         for view in self._views.values():
@@ -655,15 +642,23 @@ class ResourceManager:
             )
             queued[view.pool] = queued.get(view.pool, 0) + len(view.gang_sizes())
         out: dict[str, PoolStatus] = {}
+        guaranteed = self._calculator.guarantees(self._capacity or ZERO)
         for path in reversed([p for p, _ in self._tree.walk(ROOT)]):
             kids = self._tree.children(path)
             alloc = alloc_leaf.get(path, ZERO)
             for child in kids:
                 alloc = alloc + _alloc_of(out[child])
-            out[path] = self._status(path, alloc, queued.get(path, 0), ents)
+            out[path] = self._status(path, alloc, queued.get(path, 0), conserved, guaranteed)
         return out
 
-    def _status(self, path: str, alloc: Resources, queued: int, ents: Entitlements) -> PoolStatus:
+    def _status(
+        self,
+        path: str,
+        alloc: Resources,
+        queued: int,
+        conserved: Conserved,
+        guaranteed: Mapping[str, Resources],
+    ) -> PoolStatus:
         kinds = {}
         for k in KINDS:
             if path == ROOT:
@@ -674,15 +669,18 @@ class ResourceManager:
                 res, share, static = kc.reservation, kc.share, kc.policy is Policy.STATIC
                 limit = self._tree.limit(path, k)
             a = alloc.get(k)
+            # Borrowing and lending are measured against what the reservation guarantees on
+            # this cluster: reservations may promise more than the cluster has.
+            g = guaranteed.get(path, ZERO).get(k)
             kinds[k] = KindStatus(
                 reservation=res,
                 limit=limit,
                 share=share,
-                entitlement=ents.entitlement.get(path, ZERO).get(k),
+                entitlement=conserved.usable.entitlement.get(path, ZERO).get(k),
                 allocation=a,
-                demand=ents.demand.get(path, ZERO).get(k),
-                borrowed=0.0 if path == ROOT else max(0.0, a - res),
-                lent=0.0 if path == ROOT or static else max(0.0, res - a),
+                demand=conserved.fair.demand.get(path, ZERO).get(k),
+                borrowed=0.0 if path == ROOT else max(0.0, a - g),
+                lent=0.0 if path == ROOT or static else max(0.0, g - a),
             )
         return PoolStatus(path=path, kinds=kinds, queued_gangs=queued)
 
