@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from resmgr_support import Harness
 
+from peloton.api.pool_service import pool_pb
 from peloton.resmgr import admission
 from peloton.resmgr.admission import Decision, Room, Waiting
 from peloton.resmgr.conservation import Conserved, conserve
@@ -68,6 +69,13 @@ def test_a_gang_that_can_never_fit_its_share_does_not_starve_another_pool(
     vision = h.rm.status("/research/vision").kinds
     assert vision["gpu"].demand == 8 and vision["gpu"].entitlement < 8
     assert h.rm.status("/research/nlp").kinds["cpu"].entitlement >= 4
+    vision_status = h.rm.status("/research/vision")
+    assert vision_status.oversized_gangs == 1
+    assert pool_pb(h.rm.pool_tree(), vision_status).oversized_gangs == 1  # GetPool's answer
+    gauge = h.rm.metrics.registry.get_sample_value(
+        "peloton_pool_queue_oversized_gangs", {"pool": "/research/vision"}
+    )
+    assert gauge == 1
 
 
 def test_pools_lend_no_more_than_the_cluster_has(two_agents: Harness) -> None:

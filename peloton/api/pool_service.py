@@ -69,7 +69,10 @@ def pool_pb(tree: PoolTree, status: PoolStatus) -> pool_pb2.Pool:
     path = status.path
     spec = pool_pb2.PoolSpec(path=ROOT) if path == ROOT else spec_pb(tree.get(path))
     pool = pool_pb2.Pool(
-        spec=spec, children=sorted(tree.children(path)), queued_gangs=status.queued_gangs
+        spec=spec,
+        children=sorted(tree.children(path)),
+        queued_gangs=status.queued_gangs,
+        oversized_gangs=status.oversized_gangs,
     )
     for kind, ks in status.kinds.items():
         rs = pool.status[kind]

@@ -135,7 +135,10 @@ def get(ctx: click.Context, path: str, fmt: str) -> None:
     click.echo(f"Pool:     {spec.path}")
     if spec.path != "/":
         click.echo(f"Owner:    {spec.owner or '-'}")
-        click.echo(f"Queue:    {_queue_policy(spec)} ({found.queued_gangs} gangs waiting)")
+        waiting = f"{found.queued_gangs} gangs waiting"
+        if found.oversized_gangs:
+            waiting += f", {found.oversized_gangs} bigger than the entitlement"
+        click.echo(f"Queue:    {_queue_policy(spec)} ({waiting})")
     click.echo(f"Children: {', '.join(found.children) or '-'}")
     rows = []
     for kind in KINDS:

@@ -682,7 +682,12 @@ class ResourceManager:
                 borrowed=0.0 if path == ROOT else max(0.0, a - g),
                 lent=0.0 if path == ROOT or static else max(0.0, g - a),
             )
-        return PoolStatus(path=path, kinds=kinds, queued_gangs=queued)
+        return PoolStatus(
+            path=path,
+            kinds=kinds,
+            queued_gangs=queued,
+            oversized_gangs=len(conserved.left_out.get(path, ())),
+        )
 
 
 def _alloc_of(status: PoolStatus) -> Resources:

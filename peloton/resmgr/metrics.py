@@ -34,6 +34,8 @@ class PoolStatus:
     path: str
     kinds: Mapping[str, KindStatus]
     queued_gangs: int
+    # Queued gangs whose demand the usable entitlement leaves out (work conservation).
+    oversized_gangs: int = 0
 
 
 class PoolGauges(Collector):
@@ -61,9 +63,16 @@ class PoolGauges(Collector):
         queued = GaugeMetricFamily(
             "peloton_pool_queue_gangs", "Gangs waiting for admission.", labels=["pool"]
         )
+        oversized = GaugeMetricFamily(
+            "peloton_pool_queue_oversized_gangs",
+            "Waiting gangs bigger than the pool's entitlement: they claim no capacity meanwhile.",
+            labels=["pool"],
+        )
         for path, status in statuses.items():
             queued.add_metric([path], status.queued_gangs)
+            oversized.add_metric([path], status.oversized_gangs)
         yield queued
+        yield oversized
 
 
 class ResmgrMetrics:

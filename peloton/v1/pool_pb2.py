@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15peloton/v1/pool.proto\x12\npeloton.v1\"\x8d\x01\n\x0eResourceConfig\x12\x13\n\x0breservation\x18\x01 \x01(\x01\x12\x12\n\x05limit\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05share\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12*\n\x06policy\x18\x04 \x01(\x0e\x32\x1a.peloton.v1.ResourcePolicyB\x08\n\x06_limitB\x08\n\x06_share\"\xdc\x01\n\x08PoolSpec\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x36\n\tresources\x18\x03 \x03(\x0b\x32#.peloton.v1.PoolSpec.ResourcesEntry\x12-\n\x0cqueue_policy\x18\x04 \x01(\x0e\x32\x17.peloton.v1.QueuePolicy\x1aL\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.peloton.v1.ResourceConfig:\x02\x38\x01\"\xab\x01\n\x0eResourceStatus\x12\x13\n\x0breservation\x18\x01 \x01(\x01\x12\x12\n\x05limit\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05share\x18\x03 \x01(\x01\x12\x13\n\x0b\x65ntitlement\x18\x04 \x01(\x01\x12\x12\n\nallocation\x18\x05 \x01(\x01\x12\x0e\n\x06\x64\x65mand\x18\x06 \x01(\x01\x12\x10\n\x08\x62orrowed\x18\x07 \x01(\x01\x12\x0c\n\x04lent\x18\x08 \x01(\x01\x42\x08\n\x06_limit\"\xcb\x01\n\x04Pool\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.peloton.v1.PoolSpec\x12,\n\x06status\x18\x02 \x03(\x0b\x32\x1c.peloton.v1.Pool.StatusEntry\x12\x10\n\x08\x63hildren\x18\x03 \x03(\t\x12\x14\n\x0cqueued_gangs\x18\x04 \x01(\r\x1aI\n\x0bStatusEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.peloton.v1.ResourceStatus:\x02\x38\x01\"7\n\x11\x43reatePoolRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.peloton.v1.PoolSpec\"4\n\x12\x43reatePoolResponse\x12\x1e\n\x04pool\x18\x01 \x01(\x0b\x32\x10.peloton.v1.Pool\"7\n\x11UpdatePoolRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.peloton.v1.PoolSpec\"4\n\x12UpdatePoolResponse\x12\x1e\n\x04pool\x18\x01 \x01(\x0b\x32\x10.peloton.v1.Pool\"!\n\x11\x44\x65letePoolRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"\x14\n\x12\x44\x65letePoolResponse\"\x1e\n\x0eGetPoolRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"1\n\x0fGetPoolResponse\x12\x1e\n\x04pool\x18\x01 \x01(\x0b\x32\x10.peloton.v1.Pool\"\x12\n\x10ListPoolsRequest\"4\n\x11ListPoolsResponse\x12\x1f\n\x05pools\x18\x01 \x03(\x0b\x32\x10.peloton.v1.Pool*j\n\x0eResourcePolicy\x12\x1f\n\x1bRESOURCE_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17RESOURCE_POLICY_ELASTIC\x10\x01\x12\x1a\n\x16RESOURCE_POLICY_STATIC\x10\x02*b\n\x0bQueuePolicy\x12\x1c\n\x18QUEUE_POLICY_UNSPECIFIED\x10\x00\x12\x1e\n\x1aQUEUE_POLICY_PRIORITY_FIFO\x10\x01\x12\x15\n\x11QUEUE_POLICY_FIFO\x10\x02\x32\x82\x03\n\x0bPoolService\x12K\n\nCreatePool\x12\x1d.peloton.v1.CreatePoolRequest\x1a\x1e.peloton.v1.CreatePoolResponse\x12K\n\nUpdatePool\x12\x1d.peloton.v1.UpdatePoolRequest\x1a\x1e.peloton.v1.UpdatePoolResponse\x12K\n\nDeletePool\x12\x1d.peloton.v1.DeletePoolRequest\x1a\x1e.peloton.v1.DeletePoolResponse\x12\x42\n\x07GetPool\x12\x1a.peloton.v1.GetPoolRequest\x1a\x1b.peloton.v1.GetPoolResponse\x12H\n\tListPools\x12\x1c.peloton.v1.ListPoolsRequest\x1a\x1d.peloton.v1.ListPoolsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15peloton/v1/pool.proto\x12\npeloton.v1\"\x8d\x01\n\x0eResourceConfig\x12\x13\n\x0breservation\x18\x01 \x01(\x01\x12\x12\n\x05limit\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05share\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12*\n\x06policy\x18\x04 \x01(\x0e\x32\x1a.peloton.v1.ResourcePolicyB\x08\n\x06_limitB\x08\n\x06_share\"\xdc\x01\n\x08PoolSpec\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x36\n\tresources\x18\x03 \x03(\x0b\x32#.peloton.v1.PoolSpec.ResourcesEntry\x12-\n\x0cqueue_policy\x18\x04 \x01(\x0e\x32\x17.peloton.v1.QueuePolicy\x1aL\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.peloton.v1.ResourceConfig:\x02\x38\x01\"\xab\x01\n\x0eResourceStatus\x12\x13\n\x0breservation\x18\x01 \x01(\x01\x12\x12\n\x05limit\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05share\x18\x03 \x01(\x01\x12\x13\n\x0b\x65ntitlement\x18\x04 \x01(\x01\x12\x12\n\nallocation\x18\x05 \x01(\x01\x12\x0e\n\x06\x64\x65mand\x18\x06 \x01(\x01\x12\x10\n\x08\x62orrowed\x18\x07 \x01(\x01\x12\x0c\n\x04lent\x18\x08 \x01(\x01\x42\x08\n\x06_limit\"\xe4\x01\n\x04Pool\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.peloton.v1.PoolSpec\x12,\n\x06status\x18\x02 \x03(\x0b\x32\x1c.peloton.v1.Pool.StatusEntry\x12\x10\n\x08\x63hildren\x18\x03 \x03(\t\x12\x14\n\x0cqueued_gangs\x18\x04 \x01(\r\x12\x17\n\x0foversized_gangs\x18\x05 \x01(\r\x1aI\n\x0bStatusEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.peloton.v1.ResourceStatus:\x02\x38\x01\"7\n\x11\x43reatePoolRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.peloton.v1.PoolSpec\"4\n\x12\x43reatePoolResponse\x12\x1e\n\x04pool\x18\x01 \x01(\x0b\x32\x10.peloton.v1.Pool\"7\n\x11UpdatePoolRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.peloton.v1.PoolSpec\"4\n\x12UpdatePoolResponse\x12\x1e\n\x04pool\x18\x01 \x01(\x0b\x32\x10.peloton.v1.Pool\"!\n\x11\x44\x65letePoolRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"\x14\n\x12\x44\x65letePoolResponse\"\x1e\n\x0eGetPoolRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"1\n\x0fGetPoolResponse\x12\x1e\n\x04pool\x18\x01 \x01(\x0b\x32\x10.peloton.v1.Pool\"\x12\n\x10ListPoolsRequest\"4\n\x11ListPoolsResponse\x12\x1f\n\x05pools\x18\x01 \x03(\x0b\x32\x10.peloton.v1.Pool*j\n\x0eResourcePolicy\x12\x1f\n\x1bRESOURCE_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17RESOURCE_POLICY_ELASTIC\x10\x01\x12\x1a\n\x16RESOURCE_POLICY_STATIC\x10\x02*b\n\x0bQueuePolicy\x12\x1c\n\x18QUEUE_POLICY_UNSPECIFIED\x10\x00\x12\x1e\n\x1aQUEUE_POLICY_PRIORITY_FIFO\x10\x01\x12\x15\n\x11QUEUE_POLICY_FIFO\x10\x02\x32\x82\x03\n\x0bPoolService\x12K\n\nCreatePool\x12\x1d.peloton.v1.CreatePoolRequest\x1a\x1e.peloton.v1.CreatePoolResponse\x12K\n\nUpdatePool\x12\x1d.peloton.v1.UpdatePoolRequest\x1a\x1e.peloton.v1.UpdatePoolResponse\x12K\n\nDeletePool\x12\x1d.peloton.v1.DeletePoolRequest\x1a\x1e.peloton.v1.DeletePoolResponse\x12\x42\n\x07GetPool\x12\x1a.peloton.v1.GetPoolRequest\x1a\x1b.peloton.v1.GetPoolResponse\x12H\n\tListPools\x12\x1c.peloton.v1.ListPoolsRequest\x1a\x1d.peloton.v1.ListPoolsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POOLSPEC_RESOURCESENTRY']._serialized_options = b'8\001'
   _globals['_POOL_STATUSENTRY']._loaded_options = None
   _globals['_POOL_STATUSENTRY']._serialized_options = b'8\001'
-  _globals['_RESOURCEPOLICY']._serialized_start=1220
-  _globals['_RESOURCEPOLICY']._serialized_end=1326
-  _globals['_QUEUEPOLICY']._serialized_start=1328
-  _globals['_QUEUEPOLICY']._serialized_end=1426
+  _globals['_RESOURCEPOLICY']._serialized_start=1245
+  _globals['_RESOURCEPOLICY']._serialized_end=1351
+  _globals['_QUEUEPOLICY']._serialized_start=1353
+  _globals['_QUEUEPOLICY']._serialized_end=1451
   _globals['_RESOURCECONFIG']._serialized_start=38
   _globals['_RESOURCECONFIG']._serialized_end=179
   _globals['_POOLSPEC']._serialized_start=182
@@ -48,29 +48,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESOURCESTATUS']._serialized_start=405
   _globals['_RESOURCESTATUS']._serialized_end=576
   _globals['_POOL']._serialized_start=579
-  _globals['_POOL']._serialized_end=782
-  _globals['_POOL_STATUSENTRY']._serialized_start=709
-  _globals['_POOL_STATUSENTRY']._serialized_end=782
-  _globals['_CREATEPOOLREQUEST']._serialized_start=784
-  _globals['_CREATEPOOLREQUEST']._serialized_end=839
-  _globals['_CREATEPOOLRESPONSE']._serialized_start=841
-  _globals['_CREATEPOOLRESPONSE']._serialized_end=893
-  _globals['_UPDATEPOOLREQUEST']._serialized_start=895
-  _globals['_UPDATEPOOLREQUEST']._serialized_end=950
-  _globals['_UPDATEPOOLRESPONSE']._serialized_start=952
-  _globals['_UPDATEPOOLRESPONSE']._serialized_end=1004
-  _globals['_DELETEPOOLREQUEST']._serialized_start=1006
-  _globals['_DELETEPOOLREQUEST']._serialized_end=1039
-  _globals['_DELETEPOOLRESPONSE']._serialized_start=1041
-  _globals['_DELETEPOOLRESPONSE']._serialized_end=1061
-  _globals['_GETPOOLREQUEST']._serialized_start=1063
-  _globals['_GETPOOLREQUEST']._serialized_end=1093
-  _globals['_GETPOOLRESPONSE']._serialized_start=1095
-  _globals['_GETPOOLRESPONSE']._serialized_end=1144
-  _globals['_LISTPOOLSREQUEST']._serialized_start=1146
-  _globals['_LISTPOOLSREQUEST']._serialized_end=1164
-  _globals['_LISTPOOLSRESPONSE']._serialized_start=1166
-  _globals['_LISTPOOLSRESPONSE']._serialized_end=1218
-  _globals['_POOLSERVICE']._serialized_start=1429
-  _globals['_POOLSERVICE']._serialized_end=1815
+  _globals['_POOL']._serialized_end=807
+  _globals['_POOL_STATUSENTRY']._serialized_start=734
+  _globals['_POOL_STATUSENTRY']._serialized_end=807
+  _globals['_CREATEPOOLREQUEST']._serialized_start=809
+  _globals['_CREATEPOOLREQUEST']._serialized_end=864
+  _globals['_CREATEPOOLRESPONSE']._serialized_start=866
+  _globals['_CREATEPOOLRESPONSE']._serialized_end=918
+  _globals['_UPDATEPOOLREQUEST']._serialized_start=920
+  _globals['_UPDATEPOOLREQUEST']._serialized_end=975
+  _globals['_UPDATEPOOLRESPONSE']._serialized_start=977
+  _globals['_UPDATEPOOLRESPONSE']._serialized_end=1029
+  _globals['_DELETEPOOLREQUEST']._serialized_start=1031
+  _globals['_DELETEPOOLREQUEST']._serialized_end=1064
+  _globals['_DELETEPOOLRESPONSE']._serialized_start=1066
+  _globals['_DELETEPOOLRESPONSE']._serialized_end=1086
+  _globals['_GETPOOLREQUEST']._serialized_start=1088
+  _globals['_GETPOOLREQUEST']._serialized_end=1118
+  _globals['_GETPOOLRESPONSE']._serialized_start=1120
+  _globals['_GETPOOLRESPONSE']._serialized_end=1169
+  _globals['_LISTPOOLSREQUEST']._serialized_start=1171
+  _globals['_LISTPOOLSREQUEST']._serialized_end=1189
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=1191
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=1243
+  _globals['_POOLSERVICE']._serialized_start=1454
+  _globals['_POOLSERVICE']._serialized_end=1840
 # @@protoc_insertion_point(module_scope)

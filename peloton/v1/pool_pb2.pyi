@@ -180,15 +180,21 @@ class ResourceStatus(_message.Message):
     """The effective limit (its own capped by its ancestors'); unset: unlimited."""
     share: _builtins.float
     entitlement: _builtins.float
-    """What the pool may use now: its reservation (up to demand) plus its share of what is left."""
+    """What the pool may use now: its reservation (up to demand) plus its share of what is left,
+    counting as demand only the queued gangs that fit the pool's entitlement (work conservation).
+    """
     allocation: _builtins.float
     """What its admitted gangs hold."""
     demand: _builtins.float
     """Allocation plus queued gangs, capped by the limit."""
     borrowed: _builtins.float
-    """Allocation above the reservation: capacity borrowed from other pools."""
+    """Allocation above what the reservation guarantees on this cluster: capacity borrowed from
+    other pools. Reservations that promise more than the cluster has guarantee their share of it.
+    """
     lent: _builtins.float
-    """Reservation not in use that other pools may borrow (0 for STATIC)."""
+    """Guaranteed reservation not in use, which other pools may borrow (0 for STATIC). Never more
+    than the cluster has.
+    """
     def __init__(
         self,
         *,
@@ -240,8 +246,13 @@ class Pool(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     CHILDREN_FIELD_NUMBER: _builtins.int
     QUEUED_GANGS_FIELD_NUMBER: _builtins.int
+    OVERSIZED_GANGS_FIELD_NUMBER: _builtins.int
     queued_gangs: _builtins.int
     """Gangs waiting for admission (leaf pools)."""
+    oversized_gangs: _builtins.int
+    """Of those, the gangs bigger than the pool's entitlement (or never admissible): they wait
+    without claiming capacity, so other pools may use it meanwhile (work conservation).
+    """
     @_builtins.property
     def spec(self) -> Global___PoolSpec:
         """The root "/" has no spec beyond its path: its capacity is the cluster's."""
@@ -257,10 +268,11 @@ class Pool(_message.Message):
         status: _abc.Mapping[_builtins.str, Global___ResourceStatus] | None = ...,
         children: _abc.Iterable[_builtins.str] | None = ...,
         queued_gangs: _builtins.int = ...,
+        oversized_gangs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "queued_gangs", b"queued_gangs", "spec", b"spec", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "oversized_gangs", b"oversized_gangs", "queued_gangs", b"queued_gangs", "spec", b"spec", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
