@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # Write transactions the launcher, and the host manager, run at once on PostgreSQL.
 CONCURRENT_WRITERS = 4
+# How late, at worst, the daemon notices a SIGTERM or SIGINT that landed on another thread.
+SIGNAL_POLL_SECONDS = 0.5
 SERVICE_NAMES = (
     job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
     pool_pb2.DESCRIPTOR.services_by_name["PoolService"].full_name,
@@ -255,5 +257,9 @@ class Server:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         self.start()
-        stop_requested.wait()
+        # The kernel may hand the signal to any of our threads; Python then runs the handler
+        # only once the main thread runs bytecode, and a wait without a timeout would sleep
+        # through it until something else woke it. Waking every SIGNAL_POLL_SECONDS bounds that.
+        while not stop_requested.wait(SIGNAL_POLL_SECONDS):
+            pass
         self.stop()

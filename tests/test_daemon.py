@@ -3,7 +3,12 @@ unmigrated database, graceful shutdown, and configuration precedence."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
+import signal
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -183,6 +188,39 @@ def test_refuses_an_unmigrated_database_until_upgraded(empty_db_url: str, tmp_pa
         started.wait_ready()
         assert health_status(started.grpc_port) == health_pb2.HealthCheckResponse.SERVING
         assert started.terminate() == 0
+
+
+# tgkill(2) by architecture: signals one thread of another process. os.kill signals the process
+# and leaves the kernel to pick a thread, usually (not always) the main one.
+TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+def tgkill(pid: int, tid: int, signum: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(TGKILL[platform.machine()], pid, tid, signum) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {signum})")
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_sigterm_that_lands_on_any_thread_stops_the_daemon(db_url: str, tmp_path: Path) -> None:
+    """The kernel may hand a process's SIGTERM to any thread that doesn't block it; Python runs
+    the handler only on the main thread, which must then not sleep through it (a daemon once
+    ignored SIGTERM for more than 10 s on a loaded machine)."""
+    with DaemonProcess(tmp_path / "d", serve_args(db_url, tmp_path / "data")) as d:
+        d.wait_ready()
+        pid = d.proc.pid
+        others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+        assert others, "the daemon runs threads besides its main one"
+        tgkill(pid, others[-1], signal.SIGTERM)
+        try:
+            status = d.wait_exit(30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the daemon still runs 30 s after SIGTERM reached its thread {others[-1]}; "
+                f"its log:\n{d.stderr}"
+            ) from None
+        assert status == 0, d.stderr
+        assert "signal received" in d.stderr
 
 
 def test_a_busy_metrics_port_is_a_one_line_error(tmp_path: Path) -> None:
