@@ -78,7 +78,14 @@ class Resources:
         """True if every kind of ``self`` is at most the same kind of ``other``. A kind ``self``
         does not use fits whatever ``other`` has of it, overdrawn included (a pool above its
         entitlement in GPUs may still run work that needs none)."""
-        return not self.shortfall(other)
+        # Spelled out: admission and placement call this for every gang and host they weigh.
+        e = EPSILON
+        return (
+            (self.cpu <= e or self.cpu <= other.cpu + e)
+            and (self.mem_mb <= e or self.mem_mb <= other.mem_mb + e)
+            and (self.disk_mb <= e or self.disk_mb <= other.disk_mb + e)
+            and (self.gpu <= e or self.gpu <= other.gpu + e)
+        )
 
     def clamp_min_zero(self) -> Resources:
         return Resources(*(max(0.0, v) for _, v in self.items()))

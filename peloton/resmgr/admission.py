@@ -115,6 +115,13 @@ def order(queue: Sequence[Waiting], policy: QueuePolicy) -> list[Waiting]:
 
 def infeasibility(gang: Waiting, room: Room, capacity: Resources | None) -> str | None:
     """Why ``gang`` can never be admitted in its pool, or None if it could be some day."""
+    need = gang.total
+    if (
+        need.fits_in(room.limit)
+        and (capacity is None or need.fits_in(capacity))
+        and (gang.preemptible or need.fits_in(room.reservation))
+    ):
+        return None  # the common case, decided without building a reason
     over = gang.total.shortfall(room.limit)
     if over:
         return f"pool {room.pool}: {_needs(over, 'limit')}; the gang can never fit"

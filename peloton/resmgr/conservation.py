@@ -26,7 +26,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from peloton.resmgr.admission import Room, Waiting, infeasibility
@@ -71,9 +71,10 @@ def conserve(
     out: dict[str, list[Waiting]] = {}  # left out for now
     never: dict[str, list[Waiting]] = {}  # left out for good: admission fails them
     for pool, queue in queues.items():
-        never[pool] = [g for g in queue if infeasibility(g, rooms[pool], capacity) is not None]
-        counted[pool] = [g for g in queue if g not in never[pool]]
-        out[pool] = []
+        counted[pool], out[pool], never[pool] = [], [], []
+        for g in queue:
+            fails = infeasibility(g, rooms[pool], capacity) is not None
+            (never if fails else counted)[pool].append(g)
 
     def entitlements(left_out: Mapping[str, Sequence[Waiting]]) -> Entitlements:
         less = {p: [*never[p], *left_out.get(p, ())] for p in queues}
@@ -84,15 +85,19 @@ def conserve(
         if not _leave_out_unfit(counted, out, usable):
             break
         usable = entitlements(out)
-    room = free
+    # Second chances are for capacity that no counted gang claims.
+    claimed = sum((g.total for gangs in counted.values() for g in gangs), ZERO)
+    room = (free - claimed).clamp_min_zero()
+    biggest = {pool: _biggest(gangs) for pool, gangs in counted.items()}
     for pool, gang in _second_chances(out, room):
         if not gang.total.fits_in(room):
             continue
         rest = [g for g in out[pool] if g is not gang]
         trial = entitlements({**out, pool: rest})
-        if _fits(gang, pool, trial) and _all_fit(counted, trial):
+        if _fits(gang, pool, trial) and _all_fit(biggest, trial):
             out[pool], usable = rest, trial
             counted[pool].append(gang)
+            biggest[pool] = _biggest([biggest[pool], gang.total])
             room = room - gang.total
     left_out = {p: (*never[p], *out[p]) for p in queues if never[p] or out[p]}
     return Conserved(fair, usable, left_out)
@@ -105,9 +110,12 @@ def _leave_out_unfit(
     whether any moved."""
     moved = False
     for pool, gangs in counted.items():
-        keep = [g for g in gangs if _fits(g, pool, ents)]
+        if not gangs:
+            continue
+        ent = ents.entitlement.get(pool, ZERO)
+        keep = [g for g in gangs if g.total.fits_in(ent)]
         if len(keep) < len(gangs):
-            out[pool].extend(g for g in gangs if not _fits(g, pool, ents))
+            out[pool].extend(g for g in gangs if not g.total.fits_in(ent))
             counted[pool] = keep
             moved = True
     return moved
@@ -132,8 +140,15 @@ def _fits(gang: Waiting, pool: str, ents: Entitlements) -> bool:
     return gang.total.fits_in(ents.entitlement.get(pool, ZERO))
 
 
-def _all_fit(counted: Mapping[str, Sequence[Waiting]], ents: Entitlements) -> bool:
-    return all(_fits(g, pool, ents) for pool, gangs in counted.items() for g in gangs)
+def _biggest(amounts: Iterable[Waiting | Resources]) -> Resources:
+    """The most of each kind any one of ``amounts`` (gangs or amounts) needs: every gang fits an
+    entitlement iff this does."""
+    totals = [a.total if isinstance(a, Waiting) else a for a in amounts]
+    return Resources.of({k: max((t.get(k) for t in totals), default=0.0) for k in KINDS})
+
+
+def _all_fit(biggest: Mapping[str, Resources], ents: Entitlements) -> bool:
+    return all(need.fits_in(ents.entitlement.get(pool, ZERO)) for pool, need in biggest.items())
 
 
 def _without(
@@ -144,5 +159,5 @@ def _without(
     for pool, gangs in out.items():
         if gangs:
             left = less.get(pool, ZERO) - sum((g.total for g in gangs), ZERO)
-            less[pool] = Resources.of({k: max(0.0, left.get(k)) for k in KINDS})
+            less[pool] = left.clamp_min_zero()
     return less
