@@ -965,6 +965,36 @@ def test_delete_only_ended_jobs(manager: JobManager, db: Database) -> None:
 # ---------------------------------------------------------------------------- tasks
 
 
+def test_the_agent_and_executor_of_each_attempt_are_kept_with_it(manager: JobManager) -> None:
+    # Where an attempt was launched names its sandbox: kept when it ends and when a new attempt
+    # starts, one task alone (a failure restarts it) or the whole job (RestartJob, in bulk).
+    job, _ = manager.create_job(gang_spec(2, min_instances=1, max_failures=1))
+
+    def run(instance: int, attempt: int, agent: str) -> None:
+        where = {"host": f"h-{agent}", "agent_id": agent, "executor_id": f"{agent}-executor"}
+        manager.update_tasks(
+            job.id, [TaskUpdate(instance, attempt, s, **where) for s in TO_RUNNING]
+        )
+
+    def places(instance: int) -> list[tuple[int, str, str, str]]:
+        task, _ = manager.get_task(job.id, instance)
+        return [
+            (a.attempt, a.host, a.agent_id, a.executor_id) for a in (*task.history, task.current)
+        ]
+
+    for i in range(2):
+        run(i, 1, f"a{i}")
+    manager.update_tasks(job.id, [TaskUpdate(0, 1, T.FAILED, "failed", "exit 1")])
+    assert places(0) == [(1, "h-a0", "a0", "a0-executor"), (2, "", "", "")]
+    run(0, 2, "a2")
+    # A status update without them leaves them as recorded.
+    manager.update_tasks(job.id, [TaskUpdate(i, 1 + (i == 0), T.SUCCEEDED) for i in range(2)])
+    assert places(0) == [(1, "h-a0", "a0", "a0-executor"), (2, "h-a2", "a2", "a2-executor")]
+    manager.restart_job(job.id)
+    assert places(0)[1:] == [(2, "h-a2", "a2", "a2-executor"), (3, "", "", "")]
+    assert places(1) == [(1, "h-a1", "a1", "a1-executor"), (2, "", "", "")]
+
+
 def test_get_task_returns_history_and_only_its_events(manager: JobManager) -> None:
     job, _ = manager.create_job(make_spec(2))
     drive(manager, job.id, 0, [*TO_RUNNING, T.FAILED])

@@ -87,14 +87,18 @@ def test_compare_would_notice_a_missing_table(engine: Engine) -> None:
     assert any(d[0] == "add_table" and d[1].name == "task_attempts" for d in diffs)  # type: ignore[index]
 
 
-def test_downgrade_and_upgrade_again(engine: Engine) -> None:
+def _downgrade(engine: Engine, revision: str) -> None:
     from alembic import command
 
-    migrate.upgrade(engine)
     cfg = migrate.alembic_config()
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.downgrade(cfg, PREVIOUS)
+        command.downgrade(cfg, revision)
+
+
+def test_downgrade_and_upgrade_again(engine: Engine) -> None:
+    migrate.upgrade(engine)
+    _downgrade(engine, PREVIOUS)
     assert migrate.current_revision(engine) == PREVIOUS
     assert "task_attempts" not in tables(engine)
     migrate.upgrade(engine)
@@ -228,3 +232,49 @@ def test_ensure_current(engine: Engine, empty_url: str) -> None:
 
     migrate.upgrade(engine)
     migrate.ensure_current(engine, empty_url)
+
+
+def _places(engine: Engine, table: str) -> list[tuple[object, ...]]:
+    """(instance, attempt, host, agent id, executor id) of every attempt row in ``table``."""
+    with engine.connect() as conn:
+        return [
+            tuple(r)
+            for r in conn.execute(
+                text(
+                    f"SELECT instance_id, attempt, host, agent_id, executor_id FROM {table}"
+                    " ORDER BY instance_id, attempt"
+                )
+            )
+        ]
+
+
+def test_0007_records_where_attempts_ran_and_downgrades_keeping_them(engine: Engine) -> None:
+    migrate.upgrade(engine, "0006")
+    job_id = "11111111-2222-3333-4444-555555555555"
+    _insert_old_job(engine, job_id)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO task_attempts (job_id, instance_id, attempt, state, host, reason,"
+                " message) VALUES (:id, 0, 0, 'FAILED', 'oldhost', '', '')"
+            ),
+            {"id": job_id},
+        )
+    migrate.upgrade(engine, "0007")
+    # Attempts from before the revision name no agent or executor.
+    assert _places(engine, "task_attempts") == [(0, 0, "oldhost", "", "")]
+    assert _places(engine, "tasks") == [(0, 1, "oldhost", "", ""), (1, 1, "oldhost", "", "")]
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE tasks SET agent_id = 'a1', executor_id = 'e1'"))
+    assert _places(engine, "tasks")[0] == (0, 1, "oldhost", "a1", "e1")
+
+    _downgrade(engine, "0006")
+    columns = {
+        t: {c["name"] for c in inspect(engine).get_columns(t)} for t in ("tasks", "task_attempts")
+    }
+    assert all({"agent_id", "executor_id"}.isdisjoint(c) and "host" in c for c in columns.values())
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM tasks")).scalar() == 2
+        assert conn.execute(text("SELECT count(*) FROM task_attempts")).scalar() == 1
+    migrate.upgrade(engine)
+    assert schema_differences(engine) == []

@@ -720,8 +720,9 @@ class JobManager:
         changes: dict[str, object] = {"state": u.state.value, "updated_at": now}
         if u.reason or u.message:
             changes.update(reason=u.reason, message=u.message)
-        if u.host:
-            changes["host"] = u.host
+        # Where it was placed or launched; "" leaves what is recorded.
+        placed = {"host": u.host, "agent_id": u.agent_id, "executor_id": u.executor_id}
+        changes.update((k, v) for k, v in placed.items() if v)
         if u.state == TaskState.RUNNING and task.started_at is None:
             changes["started_at"] = now
         if u.state in TASK_TERMINAL:
@@ -750,7 +751,7 @@ class JobManager:
             attempt=task.attempt + 1,
             state=TaskState.PENDING.value,
             goal=Goal.RUN.value,
-            host="",
+            **repo.UNPLACED,
             reason=reason,
             message=message,
             started_at=None,

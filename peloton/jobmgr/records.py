@@ -47,6 +47,9 @@ class AttemptRecord:
     message: str
     started_at: datetime | None
     ended_at: datetime | None
+    # The Mesos agent and executor it was launched on ("" until then): they name its sandbox.
+    agent_id: str = ""
+    executor_id: str = ""
 
     @property
     def id(self) -> str:
@@ -91,7 +94,9 @@ class JobFilter:
 
 @dataclass(frozen=True)
 class TaskUpdate:
-    """A change of one task's state, as reported for one attempt (stale attempts are ignored)."""
+    """A change of one task's state, as reported for one attempt (stale attempts are ignored).
+    ``host``, ``agent_id`` and ``executor_id``: where the attempt was placed or launched (""
+    leaves what is recorded)."""
 
     instance_id: int
     attempt: int
@@ -99,3 +104,5 @@ class TaskUpdate:
     reason: str = ""
     message: str = ""
     host: str = ""
+    agent_id: str = ""
+    executor_id: str = ""

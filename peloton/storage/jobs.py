@@ -60,6 +60,22 @@ _EVENTS = JobEventRow.metadata.tables[JobEventRow.__tablename__]
 _IDS_PER_QUERY = 1000
 # Where a session keeps the task changes set_task has not written yet.
 _TASK_WRITES = "peloton_task_writes"
+# Where a new attempt has run: nowhere yet.
+UNPLACED: Mapping[str, str] = {"host": "", "agent_id": "", "executor_id": ""}
+# The columns of an attempt, the same in tasks (the current one) and task_attempts (ended ones).
+_ATTEMPT_COLUMNS = (
+    "job_id",
+    "instance_id",
+    "attempt",
+    "state",
+    "host",
+    "agent_id",
+    "executor_id",
+    "reason",
+    "message",
+    "started_at",
+    "ended_at",
+)
 
 
 # ---------------------------------------------------------------------------- conversions
@@ -104,23 +120,30 @@ def job_record(row: JobRow | Row[Any]) -> JobRecord:
     )
 
 
+def _attempt_record(row: TaskRow | TaskAttemptRow) -> AttemptRecord:
+    """The attempt a row holds: a task's current one, or an ended one."""
+    return AttemptRecord(
+        job_id=row.job_id,
+        instance_id=row.instance_id,
+        attempt=row.attempt,
+        state=TaskState(row.state),
+        host=row.host,
+        reason=row.reason,
+        message=row.message,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        agent_id=row.agent_id,
+        executor_id=row.executor_id,
+    )
+
+
 def _task_record(row: TaskRow, history: Sequence[AttemptRecord] = ()) -> TaskRecord:
     return TaskRecord(
         job_id=row.job_id,
         instance_id=row.instance_id,
         state=TaskState(row.state),
         goal=Goal(row.goal),
-        current=AttemptRecord(
-            job_id=row.job_id,
-            instance_id=row.instance_id,
-            attempt=row.attempt,
-            state=TaskState(row.state),
-            host=row.host,
-            reason=row.reason,
-            message=row.message,
-            started_at=row.started_at,
-            ended_at=row.ended_at,
-        ),
+        current=_attempt_record(row),
         failures=row.failures,
         version=row.version,
         history=tuple(history),
@@ -238,7 +261,7 @@ def _task_row(job_id: str, instance_id: int, state: TaskState, now: datetime) ->
         "state": state.value,
         "goal": Goal.RUN.value,
         "attempt": 1,
-        "host": "",
+        **UNPLACED,
         "reason": "",
         "message": "",
         "failures": 0,
@@ -486,19 +509,7 @@ def history(
         .order_by(TaskAttemptRow.instance_id, TaskAttemptRow.attempt)
     )
     for r in rows:
-        out[r.instance_id].append(
-            AttemptRecord(
-                job_id=r.job_id,
-                instance_id=r.instance_id,
-                attempt=r.attempt,
-                state=TaskState(r.state),
-                host=r.host,
-                reason=r.reason,
-                message=r.message,
-                started_at=r.started_at,
-                ended_at=r.ended_at,
-            )
-        )
+        out[r.instance_id].append(_attempt_record(r))
     return out
 
 
@@ -619,19 +630,7 @@ def _after_rollback(session: Session) -> None:
 
 def archive_attempt(session: Session, row: TaskRow) -> None:
     """Copy a task's ended attempt to the history before it starts a new one."""
-    session.add(
-        TaskAttemptRow(
-            job_id=row.job_id,
-            instance_id=row.instance_id,
-            attempt=row.attempt,
-            state=row.state,
-            host=row.host,
-            reason=row.reason,
-            message=row.message,
-            started_at=row.started_at,
-            ended_at=row.ended_at,
-        )
-    )
+    session.add(TaskAttemptRow(**{c: getattr(row, c) for c in _ATTEMPT_COLUMNS}))
 
 
 def _moved_by_state(session: Session, where: Any) -> dict[TaskState, int]:
@@ -768,28 +767,7 @@ def bulk_new_attempt(
         return moved
     session.execute(
         insert(TaskAttemptRow).from_select(
-            [
-                "job_id",
-                "instance_id",
-                "attempt",
-                "state",
-                "host",
-                "reason",
-                "message",
-                "started_at",
-                "ended_at",
-            ],
-            select(
-                TaskRow.job_id,
-                TaskRow.instance_id,
-                TaskRow.attempt,
-                TaskRow.state,
-                TaskRow.host,
-                TaskRow.reason,
-                TaskRow.message,
-                TaskRow.started_at,
-                TaskRow.ended_at,
-            ).where(where),
+            list(_ATTEMPT_COLUMNS), select(*(_TASKS.c[c] for c in _ATTEMPT_COLUMNS)).where(where)
         )
     )
     _insert_task_events(
@@ -806,7 +784,7 @@ def bulk_new_attempt(
         "state": TaskState.PENDING.value,
         "goal": Goal.RUN.value,
         "attempt": TaskRow.attempt + 1,
-        "host": "",
+        **UNPLACED,
         "reason": reason,
         "message": message,
         "started_at": None,

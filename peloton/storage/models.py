@@ -125,6 +125,10 @@ class TaskRow(Base):
     goal: Mapped[str] = mapped_column(String(16))
     attempt: Mapped[int] = mapped_column(Integer)
     host: Mapped[str] = mapped_column(String(255), default="")
+    # The Mesos agent and executor the attempt was launched on: they name its sandbox, read by
+    # `peloton task logs` (after it ended too, and by a daemon started after that).
+    agent_id: Mapped[str] = mapped_column(String(255), default="", server_default="")
+    executor_id: Mapped[str] = mapped_column(String(255), default="", server_default="")
     reason: Mapped[str] = mapped_column(String(64), default="")
     message: Mapped[str] = mapped_column(Text, default="")
     failures: Mapped[int] = mapped_column(Integer, default=0)
@@ -148,6 +152,9 @@ class TaskAttemptRow(Base):
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
     state: Mapped[str] = mapped_column(String(16))
     host: Mapped[str] = mapped_column(String(255), default="")
+    # As in TaskRow: where the attempt's sandbox is.
+    agent_id: Mapped[str] = mapped_column(String(255), default="", server_default="")
+    executor_id: Mapped[str] = mapped_column(String(255), default="", server_default="")
     reason: Mapped[str] = mapped_column(String(64), default="")
     message: Mapped[str] = mapped_column(Text, default="")
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
