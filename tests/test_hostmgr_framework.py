@@ -29,15 +29,17 @@ from prometheus_client import CollectorRegistry
 from support import make_spec
 from test_hostmgr_offers import raw_offer
 
-from peloton.errors import InvalidArgument
+from peloton.errors import FailedPrecondition, InvalidArgument
 from peloton.gang import Gang
 from peloton.hostmgr.framework import HostManager, MesosSettings
+from peloton.hostmgr.hosts import HostRecord
 from peloton.hostmgr.metrics import HostmgrMetrics
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import JobRecord, TaskUpdate, attempt_id
+from peloton.jobmgr.records import AttemptRecord, JobRecord, TaskUpdate, attempt_id
 from peloton.jobmgr.states import JobState, TaskState
 from peloton.placement.launcher import Launcher
 from peloton.placement.metrics import PlacementMetrics
+from peloton.resources import Resources
 from peloton.storage.db import Database
 from peloton.storage.hosts import SqlHostStore
 from peloton.v1 import job_pb2
@@ -343,8 +345,14 @@ def test_a_gang_is_launched_as_one_group_and_updates_are_persisted_then_acked(
         "3",
         "2",
     )
+    # Recorded with the launch: where its sandbox is, for any later daemon.
     task, _ = jobs.get_task(job.id, 2)
-    assert (task.state, task.current.host) == (TaskState.LAUNCHING, "h2")
+    assert (task.state, task.current.host, task.current.agent_id) == (
+        TaskState.LAUNCHING,
+        "h2",
+        "a2",
+    )
+    assert task.current.executor_id == groups[1]["executor"]["executor_id"]["value"]
 
     for i in range(3):
         uid = master.update(attempt_id(job.id, i, 1), "TASK_RUNNING")
@@ -359,6 +367,52 @@ def test_a_gang_is_launched_as_one_group_and_updates_are_persisted_then_acked(
     for i in range(3):
         master.update(attempt_id(job.id, i, 1), "TASK_FINISHED")
     wait_for(lambda: jobs.get_job(job.id).state == JobState.SUCCEEDED, 10, "job SUCCEEDED")
+    # Nothing of the ended attempts stays in memory (kills no longer need their agents).
+    assert hostmgr._agents == {}
+
+
+def test_a_sandbox_is_found_from_the_attempts_record_while_its_agent_serves_it(
+    master: ScriptedMaster, db: Database, jobs: JobManager
+) -> None:
+    hm = make_hostmgr(master, db, jobs)  # never started: sandboxes need no subscription
+    try:
+        hm.hosts.save([observed(hm, "h1", "a1"), observed(hm, "h2", "a2")])
+
+        def ran_on(agent_id: str, host: str = "h1", executor: str = "j-0-1-executor") -> str:
+            attempt = AttemptRecord(
+                "j", 0, 1, TaskState.FAILED, host, "", "", None, None, agent_id, executor
+            )
+            try:
+                return str(hm.sandbox(attempt))
+            except FailedPrecondition as exc:
+                return str(exc)
+
+        assert ran_on("a1") == str(("10.0.0.h1:5051", "", "j-0-1-executor"))
+        assert "names no agent and executor" in ran_on("")
+        assert "names no agent and executor" in ran_on("a1", executor="")
+        assert "has not been placed" in ran_on("a1", host="")
+        assert "knows no agent a9 (h3)" in ran_on("a9", "h3")
+        hm.hosts.agent_lost("a2")
+        assert ran_on("a2", "h2").endswith("its agent a2 (h2) is DOWN")
+        # Another agent of that hostname, elsewhere, is not the lost one under a new id.
+        hm.hosts.save([observed(hm, "h2", "a3", "10.0.0.9:5051")])
+        assert ran_on("a2", "h2").endswith("its agent a2 (h2) is DOWN")
+        # The agent restarts under a new id: its record goes, its old sandboxes are not served.
+        hm.hosts.agent_lost("a1")
+        hm.hosts.save([observed(hm, "h1", "a1-again")])
+        gone = ran_on("a1")
+        assert "agent a1 (h1) has registered again as a1-again" in gone, gone
+        assert "/slaves/a1/frameworks/" in gone, gone
+    finally:
+        hm.stop()
+
+
+def observed(hm: HostManager, hostname: str, agent_id: str, address: str = "") -> HostRecord:
+    """The record of a host seen in an offer (address: 10.0.0.<hostname>:5051 by default)."""
+    address = address or f"10.0.0.{hostname}:5051"
+    record = hm.hosts.observe(hostname, agent_id, Resources(cpu=4), {}, address)
+    assert record is not None
+    return record
 
 
 def test_a_task_peloton_does_not_know_is_killed_and_its_update_acked(

@@ -99,7 +99,7 @@ class HostService(host_pb2_grpc.HostServiceServicer):
         chosen = pick_attempt(task, events, request.attempt, request.previous)
         if self._hostmgr is None:
             raise FailedPrecondition("no Mesos master is configured (server --mesos-master)")
-        address, framework_id, executor_id = self._hostmgr.sandbox(chosen.id, chosen.host)
+        address, framework_id, executor_id = self._hostmgr.sandbox(chosen)
         ended = chosen is not task.current or chosen.state in TASK_TERMINAL
         name = "stderr" if request.stderr else "stdout"
         try:

@@ -27,12 +27,12 @@ from pymesos import MesosSchedulerDriver, Scheduler
 from peloton.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from peloton.hostmgr import states as mesos_states
 from peloton.hostmgr.acks import Acknowledger
-from peloton.hostmgr.hosts import HostRegistry, HostState, HostStore
-from peloton.hostmgr.launch import LaunchTask, grace_policy, launch_group
+from peloton.hostmgr.hosts import HostRecord, HostRegistry, HostState, HostStore
+from peloton.hostmgr.launch import LaunchTask, executor_id, grace_policy, launch_group
 from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
 from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, Offer, OfferPool, parse_offer
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import TaskUpdate
+from peloton.jobmgr.records import AttemptRecord, TaskUpdate
 from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
 from peloton.resources import Resources
 
@@ -101,13 +101,6 @@ class _Planned:
     status: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class _Where:
-    agent_id: str
-    executor_id: str
-    hostname: str
-
-
 class HostManager:
     """The framework. ``start()`` subscribes and returns; ``stop()`` leaves the tasks running
     (failover: a restarted daemon takes them over)."""
@@ -152,7 +145,10 @@ class HostManager:
         self._suppressed = False
         self._next_reconcile = 0.0
         self._capacity = Resources()
-        self._where: dict[str, _Where] = {}
+        # The agent id of each attempt that may run on Mesos, for the KILLs that name it: set at
+        # launch (or by a status update after a restart), dropped when the attempt ends (where
+        # ended attempts ran is read from their records).
+        self._agents: dict[str, str] = {}
         self._offer_listeners: list[Callable[[], None]] = []
         self._pending: list[Mapping[str, Any]] = []
         self._acks = Acknowledger()
@@ -474,7 +470,7 @@ class HostManager:
                     launch_group(
                         lease,
                         self.framework_id,
-                        f"{tasks[0].task_id}-executor",
+                        executor_id(tasks),
                         self._executor_resources,
                         tasks,
                     )
@@ -484,9 +480,8 @@ class HostManager:
         self.pool.take_for_launch([lease for lease, _ in shares], self._now())
         self.metrics.offers_held.set(self.pool.held())
         for (lease, tasks), op in zip(shares, ops, strict=True):
-            executor_id = op["launch_group"]["executor"]["executor_id"]["value"]
             for t in tasks:
-                self._where[t.task_id] = _Where(lease.agent_id, executor_id, lease.hostname)
+                self._agents[t.task_id] = lease.agent_id
                 self.hosts.use(t.task_id, lease.agent_id, t.resources)
             offer_ids = [{"value": i} for i in lease.offer_ids]
             # What the share leaves of the host is what the next gangs need: have it offered
@@ -503,8 +498,7 @@ class HostManager:
 
     def _kill(self, task_id: str, grace_seconds: int, agent_id: str = "") -> None:
         body: dict[str, Any] = {"task_id": {"value": task_id}}
-        where = self._where.get(task_id)
-        agent = agent_id or (where.agent_id if where else "")
+        agent = agent_id or self._agents.get(task_id, "")
         if agent:
             body["agent_id"] = {"value": agent}
         body["kill_policy"] = grace_policy(grace_seconds)
@@ -515,27 +509,51 @@ class HostManager:
         )
         log.info("kill sent", extra={"task_id": task_id, "grace_seconds": grace_seconds})
 
-    def sandbox(self, task_id: str, hostname: str) -> tuple[str, str, str]:
-        """(agent address, framework id, executor id) of an attempt's sandbox, ended attempts
-        included (where each attempt ran is kept for the daemon's lifetime).
+    def sandbox(self, attempt: AttemptRecord) -> tuple[str, str, str]:
+        """(agent address, framework id, executor id) of an attempt's sandbox, from where its
+        record says it was launched: ended attempts included, whichever daemon launched them.
 
-        FailedPrecondition if the sandbox is unknown or its agent is gone (DOWN: Mesos lost
-        it, and its sandboxes with it)."""
-        where = self._where.get(task_id)
-        if where is None and not hostname:
-            raise FailedPrecondition(f"task {task_id} has not been placed on a host")
-        if where is None:
+        FailedPrecondition if the sandbox is unknown or its agent is gone: DOWN (Mesos lost
+        it, and its sandboxes with it), or registered again under a new agent id (a restarted
+        agent serves no sandbox of its former id)."""
+        if not attempt.host:
+            raise FailedPrecondition(f"task {attempt.id} has not been placed on a host")
+        if not (attempt.agent_id and attempt.executor_id):
             raise FailedPrecondition(
-                f"the sandbox of {task_id} on {hostname} is unknown: this daemon has seen no "
-                "status update of it since it started"
+                f"the sandbox of {attempt.id} on {attempt.host} is unknown: its record names no "
+                "agent and executor (it ran before peloton recorded them, schema revision 0007)"
             )
-        host = self.hosts.get(where.agent_id).record
-        if host.state == HostState.DOWN:
+        return self._agent_address(attempt), self.framework_id, attempt.executor_id
+
+    def _agent_address(self, attempt: AttemptRecord) -> str:
+        """The address of the agent an attempt ran on, if that agent still serves it."""
+        try:
+            host: HostRecord | None = self.hosts.get(attempt.agent_id).record
+        except NotFound:
+            host = None  # a new agent of its host and address superseded its record
+        if host is not None and host.state != HostState.DOWN:
+            return host.address
+        where = f"{attempt.agent_id} ({attempt.host})"
+        # The same agent under a new id: its hostname, and its address where that is known.
+        successors = [
+            v.record.agent_id
+            for v in self.hosts.list()
+            if v.record.hostname == attempt.host
+            and v.record.state != HostState.DOWN
+            and (host is None or v.record.address == host.address)
+        ]
+        if successors:
             raise FailedPrecondition(
-                f"the sandbox of {task_id} is gone: its agent {host.agent_id} ({host.hostname}) "
-                "is DOWN"
+                f"the sandbox of {attempt.id} is not served: its agent {where} has registered "
+                f"again as {', '.join(successors)}, and Mesos serves no sandbox of a former "
+                f"agent id (on the host it is under <agent work_dir>/slaves/{attempt.agent_id}/"
+                f"frameworks/{self.framework_id}/executors/{attempt.executor_id}/runs/latest)"
             )
-        return host.address, self.framework_id, where.executor_id
+        if host is None:
+            raise FailedPrecondition(
+                f"the sandbox of {attempt.id} is unknown: peloton knows no agent {where}"
+            )
+        raise FailedPrecondition(f"the sandbox of {attempt.id} is gone: its agent {where} is DOWN")
 
     # ------------------------------------------------------------------ status updates
 
@@ -594,7 +612,6 @@ class HostManager:
         written, skipped = self._write(job_id, items)
         for p in written:
             if p.update.state in TASK_TERMINAL:
-                # The sandbox location stays known, for `peloton task logs` of ended tasks.
                 self.hosts.unuse(p.task_id)
         return written + skipped
 
@@ -646,19 +663,21 @@ class HostManager:
             if mesos_active:
                 log.warning("killing a task peloton does not run", extra={"task_id": task_id})
                 self._kill(task_id, 0, agent_id)
+            else:
+                # It ended on Mesos after peloton ended it (e.g. its gang failed as it launched).
+                self._agents.pop(task_id, None)
             return None
         job_id, instance, attempt = ids
         _, current_state, current_host = current
         target = mesos_states.to_peloton(state, current_state)
         executor = status.get("executor_id", {}).get("value", "")
-        known = self._where.get(task_id)
-        hostname = known.hostname if known else current_host
-        agent = agent_id or (known.agent_id if known else "")
-        if executor or known is None:
-            self._where[task_id] = _Where(
-                agent, executor or (known.executor_id if known else ""), hostname
-            )
+        agent = agent_id or self._agents.get(task_id, "")
         ending = target is not None and target in TASK_TERMINAL
+        if ending:
+            # An ended attempt is killed no more (where it ran is read from its record now).
+            self._agents.pop(task_id, None)
+        elif agent:
+            self._agents[task_id] = agent
         if not ending and agent and self.hosts.host_of(task_id) == "":
             # A daemon that restarted learns what its running tasks hold from their updates.
             spec = self._jobs.get_job(job_id).spec
@@ -668,7 +687,11 @@ class HostManager:
         reason, message = mesos_states.reason_of(
             state, status.get("reason", ""), status.get("message", "")
         )
-        update = TaskUpdate(instance, attempt, target, reason, message, hostname)
+        # The agent and executor as Mesos reports them: they fill in the record of an attempt
+        # launched before peloton recorded them at launch.
+        update = TaskUpdate(
+            instance, attempt, target, reason, message, current_host, agent, executor
+        )
         return _Planned(job_id, task_id, update, status)
 
     # ------------------------------------------------------------------ reconciliation

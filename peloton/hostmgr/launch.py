@@ -118,6 +118,12 @@ def _ranges(ports: Sequence[int]) -> list[dict[str, int]]:
     return out
 
 
+def executor_id(tasks: Sequence[LaunchTask]) -> str:
+    """The id of the executor running a host's share of a gang: named after its first task
+    (unique, as task ids are). Recorded with each attempt, it names the attempt's sandbox."""
+    return f"{tasks[0].task_id}-executor"
+
+
 def launch_group(
     lease: Lease,
     framework_id: str,

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from peloton.errors import PelotonError
 from peloton.gang import AdmittedGangs, Gang
-from peloton.hostmgr.launch import LaunchTask
+from peloton.hostmgr.launch import LaunchTask, executor_id
 from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, take_ports
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import TaskUpdate
@@ -244,7 +244,8 @@ class Launcher:
         try:
             attempts = self._attempts(gang)
             shares = self._shares(gang, hosts, leases, attempts)
-            self._record(gang, [leases[h].hostname for h in hosts], attempts)
+            executors = {lease.agent_id: executor_id(tasks) for lease, tasks in shares}
+            self._record(gang, [(leases[h].hostname, h, executors[h]) for h in hosts], attempts)
         except (PelotonError, _NotPlaced) as exc:
             for lease in leases.values():
                 self._hosts.release(lease)
@@ -338,18 +339,22 @@ class Launcher:
             )
         return [(leases[h], tasks) for h, tasks in by_host.items()]
 
-    def _record(self, gang: Gang, hosts: Sequence[str], attempts: dict[int, int]) -> None:
-        """READY -> PLACING -> PLACED -> LAUNCHING for every task, in one transaction."""
+    def _record(
+        self, gang: Gang, places: Sequence[tuple[str, str, str]], attempts: dict[int, int]
+    ) -> None:
+        """READY -> PLACING -> PLACED -> LAUNCHING for every task, in one transaction, with
+        where each is launched (``places``: hostname, agent id, executor id per task): an
+        attempt that reached a host thus always names its sandbox."""
         self._jobs.update_tasks(
             gang.job_id,
             [
-                TaskUpdate(i, attempts[i], state, reason, "", host)
+                TaskUpdate(i, attempts[i], state, reason, "", *place)
                 for state, reason in (
                     (TaskState.PLACING, "placing"),
                     (TaskState.PLACED, "placed"),
                     (TaskState.LAUNCHING, "launching"),
                 )
-                for i, host in zip(gang.instances, hosts, strict=True)
+                for i, place in zip(gang.instances, places, strict=True)
             ],
         )
 
