@@ -2,7 +2,8 @@
 agent runs real processes and keeps the sandboxes of ended attempts (as Mesos does until it
 garbage-collects them), and the CLI.
 
-Covers: ``--attempt N`` and ``--previous`` of a task that failed and was restarted, the default
+Covers: ``--attempt N`` and ``--previous`` of a task that failed and was restarted (also after
+the daemon was killed and started again: where each attempt ran is in its record), the default
 (the latest attempt that reached a host, also while the task waits to restart), ``--follow`` of
 an ended attempt, and the errors: no such attempt, an attempt that never reached a host, no
 previous attempt, a sandbox the agent removed, an agent that is gone, both options at once.
@@ -75,6 +76,21 @@ def test_each_attempt_of_a_restarted_task_can_be_read(peloton: Peloton, tmp_path
     peloton.wait_done(once)
     code, line = failure(peloton, once, "--previous")
     assert code == 1 and "only one attempt (1)" in line, line
+
+
+@on_sqlite
+def test_an_attempt_that_ended_before_the_daemon_restarted_can_be_read(
+    peloton: Peloton, tmp_path: Path
+) -> None:
+    job_id = peloton.submit(fails_first(tmp_path / "ran"), 1, max_failures=1, backoff_seconds=0)
+    job = peloton.wait_done(job_id)
+    assert job.state == job_pb2.JOB_STATE_SUCCEEDED, peloton.describe(job_id)
+    # Nothing of attempt 1 is left in the new daemon's memory: no update of it comes again.
+    peloton.restart_after_sigkill()
+    assert output(peloton, job_id, "--previous") == "first run\n"
+    assert output(peloton, job_id, "--attempt", "1", "--stderr") == "first err\n"
+    assert output(peloton, job_id, "--attempt", "1", "-f") == "first run\n"
+    assert output(peloton, job_id) == "second run\n"
 
 
 @on_sqlite

@@ -96,7 +96,8 @@ class HostServiceServicer:
     def GetTaskLogs(self, request, context):
         """NOT_FOUND: no such job, instance or attempt, or the attempt's sandbox is no longer on its
         agent (garbage-collected). FAILED_PRECONDITION: the attempt never reached a host, its agent
-        is gone (DOWN), or no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
+        is gone (DOWN, or registered again under a new agent id), or no Mesos master is configured.
+        UNAVAILABLE: the agent cannot be reached.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

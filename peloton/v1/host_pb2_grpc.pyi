@@ -44,7 +44,8 @@ class HostServiceStub:
     GetTaskLogs: _grpc.UnaryUnaryMultiCallable[_host_pb2.GetTaskLogsRequest, _host_pb2.GetTaskLogsResponse]
     """NOT_FOUND: no such job, instance or attempt, or the attempt's sandbox is no longer on its
     agent (garbage-collected). FAILED_PRECONDITION: the attempt never reached a host, its agent
-    is gone (DOWN), or no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
+    is gone (DOWN, or registered again under a new agent id), or no Mesos master is configured.
+    UNAVAILABLE: the agent cannot be reached.
     """
 
 @_typing.type_check_only
@@ -63,7 +64,8 @@ class HostServiceAsyncStub(HostServiceStub):
     GetTaskLogs: _aio.UnaryUnaryMultiCallable[_host_pb2.GetTaskLogsRequest, _host_pb2.GetTaskLogsResponse]  # type: ignore[assignment]
     """NOT_FOUND: no such job, instance or attempt, or the attempt's sandbox is no longer on its
     agent (garbage-collected). FAILED_PRECONDITION: the attempt never reached a host, its agent
-    is gone (DOWN), or no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
+    is gone (DOWN, or registered again under a new agent id), or no Mesos master is configured.
+    UNAVAILABLE: the agent cannot be reached.
     """
 
 class HostServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -109,7 +111,8 @@ class HostServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_host_pb2.GetTaskLogsResponse, _abc.Awaitable[_host_pb2.GetTaskLogsResponse]]:
         """NOT_FOUND: no such job, instance or attempt, or the attempt's sandbox is no longer on its
         agent (garbage-collected). FAILED_PRECONDITION: the attempt never reached a host, its agent
-        is gone (DOWN), or no Mesos master is configured. UNAVAILABLE: the agent cannot be reached.
+        is gone (DOWN, or registered again under a new agent id), or no Mesos master is configured.
+        UNAVAILABLE: the agent cannot be reached.
         """
 
 def add_HostServiceServicer_to_server(servicer: HostServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

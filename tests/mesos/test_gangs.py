@@ -1,7 +1,8 @@
 """Gangs on a real Mesos master (``mesos``: ``PELOTON_TEST_MESOS_MASTER`` or a local real cluster
 of two agents) through a ``peloton server`` process: a gang spread over two agents succeeds and
 every task sees its gang; the framework user; idle offers suppressed and declined; KillJob sends
-SIGTERM first; the logs of a failed attempt stay readable after its task restarted.
+SIGTERM first; the logs of a failed attempt stay readable after its task restarted, and after the
+daemon restarted too.
 
 Tasks run plain ``sh`` and report on their stdout, read back with ``peloton task logs`` (the
 agent's /files API), so these scenarios also run on an operator's cluster.
@@ -142,7 +143,7 @@ def test_kill_job_stops_each_task_with_sigterm_first(peloton: MesosPeloton) -> N
     assert [task_logs(peloton, job_id, i) for i in range(2)] == ["started\nsigterm\n"] * 2
 
 
-def test_the_logs_of_a_failed_attempt_are_read_after_the_task_restarted(
+def test_the_logs_of_a_failed_attempt_are_read_after_the_task_and_the_daemon_restarted(
     peloton: MesosPeloton, mesos: RealCluster
 ) -> None:
     # The first attempt fails; its executor ends, and the agent keeps its sandbox until GC.
@@ -170,3 +171,7 @@ def test_the_logs_of_a_failed_attempt_are_read_after_the_task_restarted(
     assert task_logs(peloton, job_id, 0, "--previous") == f"run {job_id}-0-1\n"
     assert task_logs(peloton, job_id, 0, "--attempt", "1", "--stderr") == f"err {job_id}-0-1\n"
     assert task_logs(peloton, job_id, 0, "--attempt", "1", "-f") == f"run {job_id}-0-1\n"
+    # A new daemon process finds the sandbox from the attempt's record alone.
+    peloton.restart_after_sigkill()
+    assert task_logs(peloton, job_id, 0, "--previous") == f"run {job_id}-0-1\n"
+    assert task_logs(peloton, job_id, 0, "--attempt", "1", "--stderr") == f"err {job_id}-0-1\n"
