@@ -664,7 +664,7 @@ class HostManager:
                 log.warning("killing a task peloton does not run", extra={"task_id": task_id})
                 self._kill(task_id, 0, agent_id)
             else:
-                # It ended on Mesos after peloton ended it (e.g. its gang failed as it launched).
+                # Ended on Mesos after peloton had ended or replaced the attempt: no kill to come.
                 self._agents.pop(task_id, None)
             return None
         job_id, instance, attempt = ids
