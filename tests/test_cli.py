@@ -271,7 +271,7 @@ def test_pool_list(cli: Cli) -> None:
     assert cv["spec"]["resources"]["gpu"]["limit"] == 8
     assert cv["children"] == []
     # Every field, zero values included: a script need not guess what is missing.
-    assert set(cv) == {"spec", "status", "children", "queued_gangs"}
+    assert set(cv) == {"spec", "status", "children", "queued_gangs", "oversized_gangs"}
     assert set(cv["status"]) == {"cpu", "mem_mb", "disk_mb", "gpu"}
     assert cv["status"]["cpu"]["borrowed"] == 0
     assert cv["status"]["gpu"]["reservation"] == 2

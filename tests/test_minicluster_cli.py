@@ -6,9 +6,9 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from daemon import wait_for
 from minicluster_support import RawScheduler, get, task_info
 
 
@@ -43,13 +43,20 @@ def test_up_serves_until_sigterm_and_cleans_up(tmp_path: Path) -> None:
         sched.launch_group(sched.offer("big"), [task])
         sched.ack(sched.update("cli-task", "TASK_STARTING"))
         sched.update("cli-task", "TASK_RUNNING")
-        sandbox = next((tmp_path / "work").rglob("cli-task"))
-        pid_file, deadline = sandbox / "pid", time.monotonic() + 5
-        while not (pid_file.exists() and pid_file.read_text().strip()):
-            assert time.monotonic() < deadline, "the task never wrote its pid"
-            time.sleep(0.05)  # polled with a deadline: a file has no event to await
-        pid = int(pid_file.read_text())
-        assert _cmdline(pid) == "sleep\x0060\x00"
+        pid_file = next((tmp_path / "work").rglob("cli-task")) / "pid"
+
+        def sleeping() -> int | None:
+            # The shell writes its pid, then execs sleep: wait for both (a file and /proc have no
+            # event to await). Before the exec, the pid's command line is still the shell's.
+            text = pid_file.read_text().strip() if pid_file.exists() else ""
+            return int(text) if text and _cmdline(int(text)) == "sleep\x0060\x00" else None
+
+        pid = wait_for(
+            sleeping,
+            10,
+            "the task's shell to write its pid and exec sleep 60",
+            state=lambda: pid_file.read_text() if pid_file.exists() else "no pid file",
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
