@@ -238,6 +238,28 @@ def test_max_completion_time_fails_the_task_and_its_group(minicluster: Miniclust
     assert sched.update("peer")["state"] == "TASK_KILLED"
 
 
+def test_clusters_side_by_side_never_share_an_agent_address(make_minicluster: Any) -> None:
+    """Two clusters whose agents offer the same fixed port range (a user's cluster and a test
+    suite's, both from examples/): every agent has an address of its own, where it serves on the
+    Mesos agent port, so their tasks can listen on the same port numbers at once."""
+    first = make_minicluster(2, "cpus:1;mem:256;ports:[31000-31004]")
+    second = make_minicluster(2, "cpus:1;mem:256;ports:[31000-31004]")
+    addresses = [mc.agent_address(a) for mc in (first, second) for a in mc.agent_ids()]
+    ips = [a.rsplit(":", 1)[0] for a in addresses]
+    assert len(set(ips)) == 4, addresses
+    assert all(a.endswith(":5051") for a in addresses), addresses
+    listening = []
+    try:
+        for ip in ips:
+            task = socket.socket()
+            listening.append(task)
+            task.bind((ip, 31000))  # each cluster's first task on its agent's first port
+            task.listen()
+    finally:
+        for s in listening:
+            s.close()
+
+
 def test_free_ports_are_picked_by_the_kernel_and_held_for_the_agent(
     make_minicluster: Any,
 ) -> None:

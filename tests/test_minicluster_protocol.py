@@ -200,7 +200,12 @@ def test_offers_have_real_shapes(make_minicluster: Any) -> None:
     assert offer["hostname"] == "agent-0"
     assert offer["allocation_info"] == {"role": "trainers"}
     assert offer["url"]["scheme"] == "http" and offer["url"]["path"].startswith("/slave(")
-    assert offer["url"]["address"]["ip"] == "127.0.1.1"  # the first agent's own loopback address
+    # The agent's own loopback address (127.0.1.1 unless another cluster's agent has it), where it
+    # serves on the Mesos agent port.
+    address = offer["url"]["address"]
+    assert f"{address['ip']}:{address['port']}" == mc.agent_address("agent-0")
+    assert address["ip"].startswith("127.0.") and address["ip"] != "127.0.0.1"
+    assert address["port"] == 5051
     by_name = {r["name"]: r for r in offer["resources"]}
     assert by_name["cpus"] == {
         "name": "cpus",

@@ -10,6 +10,7 @@ with Minicluster(AgentSpec.uniform(2), work_dir=tmp) as mc:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import re
 import shutil
@@ -30,6 +31,11 @@ from peloton.minicluster.timers import Timers
 
 log = logging.getLogger(__name__)
 
+# A Mesos agent's default port: each real agent on its own loopback address listens on it there.
+AGENT_PORT = 5051
+# Loopback addresses an agent tries before it settles for a kernel-picked port.
+AGENT_ADDRESS_TRIES = 1000
+
 
 class Minicluster:
     """A Mesos 1.11-compatible master with agents that run tasks as real processes (or, with
@@ -38,8 +44,10 @@ class Minicluster:
     ``port=0`` picks a free port. Real mode keeps sandboxes under ``work_dir`` (a temporary
     directory, removed on stop, if not given). With the default ``host`` 127.0.0.1, each real
     agent gets its own loopback address (127.0.1.1, 127.0.1.2, ...; Linux routes all of
-    127.0.0.0/8 to this machine), which its offers carry and its HTTP server listens on: tasks
-    on different agents may then use the same ports, as on separate machines.
+    127.0.0.0/8 to this machine), which its offers carry and its HTTP server listens on (at
+    port 5051, as a Mesos agent does): tasks on different agents may then use the same ports,
+    as on separate machines. An address another minicluster's agent listens on is skipped, so
+    clusters side by side never offer their tasks the same address and port.
     ``allocation_interval`` is how often free resources are re-offered (Mesos: 1 s);
     ``update_retry_interval`` is the first re-send delay of an unacknowledged status update
     (Mesos agents: 10 s, doubling).
@@ -190,14 +198,13 @@ class Minicluster:
         if self.simulated or self._work_dir is None:
             return master.add_agent(spec, self._host, master.port, None).id
         directory = self._agent_dir(spec.hostname)
-        ip = self._agent_ip()
+        ip, server = self._serve_agent(directory)
         held: list[socket.socket] = []
-        if self._free_ports and ip != "127.0.0.1":
-            spec, held = _with_free_ports(spec, ip)
         try:
-            server = AgentServer(directory, ip)
+            if self._free_ports and ip != "127.0.0.1":
+                spec, held = _with_free_ports(spec, ip)
         except BaseException:
-            _release(held)
+            server.stop()
             raise
         try:
             agent = master.add_agent(spec, ip, server.port, directory)
@@ -222,12 +229,32 @@ class Minicluster:
         directory.mkdir(parents=True, exist_ok=True)
         return directory
 
-    def _agent_ip(self) -> str:
-        """The next real agent's address: its own loopback address on the default host."""
+    def _serve_agent(self, directory: Path) -> tuple[str, AgentServer]:
+        """A new real agent's address and HTTP server.
+
+        On the default host each agent has its own loopback address and listens there on the
+        Mesos agent port, which claims the address machine-wide: an address whose port another
+        minicluster's agent holds is skipped. So clusters side by side (a user's and a test
+        suite's, or two suites) never share an address, nor the ports their tasks are offered
+        on it. Should that port be taken on every address (something listens on it on all
+        interfaces), the agent listens on a port the kernel picks, as agents sharing a host do.
+        """
         if self._host != "127.0.0.1":
-            return self._host
+            return self._host, AgentServer(directory, self._host)
+        for _ in range(AGENT_ADDRESS_TRIES):
+            ip = self._next_loopback()
+            try:
+                return ip, AgentServer(directory, ip, AGENT_PORT)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+        ip = self._next_loopback()
+        return ip, AgentServer(directory, ip)
+
+    def _next_loopback(self) -> str:
+        """The next loopback address for a real agent (127.0.1.1, 127.0.1.2, ...)."""
         n, self._real_agents = self._real_agents, self._real_agents + 1
-        return f"127.0.{1 + n // 250}.{1 + n % 250}"
+        return f"127.0.{1 + n // 250 % 255}.{1 + n % 250}"
 
     def agent_ids(self, hostname: str | None = None) -> list[str]:
         """The ids of the registered agents (of ``hostname`` if given), oldest first."""

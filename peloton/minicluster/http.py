@@ -482,9 +482,10 @@ class AgentServer(_Background):
     """An agent's HTTP server: ``/files/read`` over its work directory (``/frameworks/...``
     virtual paths, as Mesos attaches executor sandboxes), and ``/health``."""
 
-    def __init__(self, directory: Path, host: str = "127.0.0.1") -> None:
+    def __init__(self, directory: Path, host: str = "127.0.0.1", port: int = 0) -> None:
         self.directory = directory
-        super().__init__((host, 0), type("AgentHandler", (_AgentHandler,), {"root": directory}))
+        handler = type("AgentHandler", (_AgentHandler,), {"root": directory})
+        super().__init__((host, port), handler)
 
 
 class _AgentHandler(_Handler):
