@@ -21,6 +21,7 @@ from typing import Protocol
 
 from peloton.errors import FailedPrecondition, NotFound
 from peloton.jobmgr.states import TaskState
+from peloton.resmgr.capacity import Lost, LostHost, recently_lost
 from peloton.resources import ZERO, Resources
 
 
@@ -270,6 +271,20 @@ class HostRegistry:
                     (h.total for h in self._hosts.values() if h.state != HostState.DOWN), ZERO
                 )
             return self._total
+
+    def recently_lost(self, grace_seconds: float) -> tuple[LostHost, ...]:
+        """The DOWN hosts lost less than ``grace_seconds`` ago that are not back under a new
+        agent id: they still count toward the capacity that decides what can never fit."""
+        with self._lock:
+            down = [
+                Lost(h.hostname, h.total, h.updated_at)
+                for h in self._hosts.values()
+                if h.state == HostState.DOWN
+            ]
+            if not down:  # the usual case, asked after every step of the host manager
+                return ()
+            present = [h.hostname for h in self._hosts.values() if h.state != HostState.DOWN]
+        return recently_lost(down, present, self._clock(), grace_seconds)
 
     def capacity(self) -> dict[str, Resources]:
         """total, used and free of the hosts that are not DOWN."""

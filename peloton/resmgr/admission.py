@@ -14,7 +14,9 @@ Rules, applied to a pool's queue in order (priority then age, or age only for FI
   its pool's current entitlement holds nothing: it waits for the entitlement to grow (other pools'
   demand falling), and the pool's smaller gangs run meanwhile instead of idling.
 - A gang that can never fit — larger than its pool's limit, than the cluster once its capacity is
-  known, or (non-preemptible) than its pool's reservation — is infeasible and fails at once.
+  known, or (non-preemptible) than its pool's reservation — is infeasible and fails at once. The
+  cluster's capacity here counts the hosts lost recently (they may come back, see
+  :mod:`peloton.resmgr.capacity`); a gang that fits only with them waits, naming them.
 
 Every gang that waits gets a reason naming the binding constraint, e.g. ``pool /research/vision:
 gpu entitlement 8, allocated 6, gang needs 4``. Pure: no I/O, no clock (ages are given).
@@ -25,7 +27,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
+from peloton.resmgr.capacity import LostHost, lost_total
 from peloton.resmgr.pool import PoolTree, QueuePolicy, format_amount
 from peloton.resources import EPSILON, KINDS, ZERO, Resources
 
@@ -145,25 +149,31 @@ def admit(
     cluster_free: Resources,
     capacity: Resources | None,
     no_hosts: str = NO_HOSTS_YET,
+    lost: Sequence[LostHost] = (),
 ) -> Decision:
     """Admit what fits from ``queue`` (already in admission order) into ``room``.
 
-    ``capacity`` is the cluster's total, or None while no host has reported any (then every
-    gang waits, with ``no_hosts`` as the message).
+    ``capacity`` is the cluster's total now, or None while no host has reported any (then every
+    gang waits, with ``no_hosts`` as the message). ``lost``: hosts lost recently; a gang that
+    fits the cluster only with them waits for them (holding nothing) instead of failing.
     """
     decision = Decision(cluster_free=cluster_free)
     if capacity is None:
         for gang in queue:
             decision.pending[gang.key] = (PENDING_NO_HOSTS, no_hosts)
         return decision
+    counted = capacity + lost_total(lost)
     allocation, np_allocation = room.allocation, room.np_allocation
     free = cluster_free
     held = ZERO  # what the blocked gangs ahead still need
     blocker: Waiting | None = None
     for gang in queue:
-        why_never = infeasibility(gang, room, capacity)
+        why_never = infeasibility(gang, room, counted)
         if why_never is not None:
             decision.infeasible[gang.key] = (INFEASIBLE, why_never)
+            continue
+        if lost and not gang.total.fits_in(capacity):
+            decision.pending[gang.key] = (PENDING_CLUSTER, _waits_for_lost(gang, capacity, lost))
             continue
         pool_room = room.entitlement - allocation
         available = _min(pool_room, free)
@@ -207,6 +217,7 @@ def admit_all(
     cluster_free: Resources,
     capacity: Resources | None,
     no_hosts: str = NO_HOSTS_YET,
+    lost: Sequence[LostHost] = (),
 ) -> tuple[dict[str, Decision], Resources]:
     """Admit into every leaf pool (``queues`` in admission order, ``rooms`` by pool), the pool
     using least of its entitlement first, so the most starved pool is first to the cluster's free
@@ -219,7 +230,7 @@ def admit_all(
     decisions: dict[str, Decision] = {}
     free = cluster_free
     for pool in sorted(queues, key=lambda p: (starvation(p), p)):
-        decision = admit(queues[pool], rooms[pool], free, capacity, no_hosts)
+        decision = admit(queues[pool], rooms[pool], free, capacity, no_hosts, lost)
         decisions[pool] = decision
         free = decision.cluster_free
     return decisions, free
@@ -258,6 +269,33 @@ def _why_waiting(
         f"cluster: {k} free {format_amount(max(0.0, free.get(k)))}, gang needs "
         f"{format_amount(needs.get(k))}; capacity lent to other pools is being taken back"
     )
+
+
+# Lost hosts named in a reason at most (a rack lost names its first few).
+_LOST_NAMED = 3
+
+
+def _waits_for_lost(gang: Waiting, capacity: Resources, lost: Sequence[LostHost]) -> str:
+    """Why a gang that fits the cluster only with its recently lost hosts waits: what it
+    needs, what is there now, and the lost hosts that have what is missing."""
+    k = _first_short(gang.total, capacity) or KINDS[0]
+    having = [h for h in lost if h.total.get(k) > EPSILON] or list(lost)
+    named = [
+        f"{format_amount(h.total.get(k))} more on {h.hostname} "
+        f"(lost at {_time(h.lost_at)}, counted until {_time(h.counted_until)})"
+        for h in having[:_LOST_NAMED]
+    ]
+    if len(having) > _LOST_NAMED:
+        named.append(f"{len(having) - _LOST_NAMED} more lost hosts")
+    return (
+        f"cluster: gang needs {format_amount(gang.total.get(k))} {k}, "
+        f"{format_amount(capacity.get(k))} available now; {', '.join(named)}"
+    )
+
+
+def _time(at: datetime) -> str:
+    # A fixed instant, not an age: the reason is written once, not rewritten every cycle.
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _first_short(need: Resources, available: Resources) -> str | None:

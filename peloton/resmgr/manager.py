@@ -33,6 +33,7 @@ from peloton.jobmgr.records import JobRecord
 from peloton.jobmgr.states import Goal, JobState, TaskState
 from peloton.resmgr import admission, conservation, preemption
 from peloton.resmgr.admission import Decision, Room, Waiting, describe
+from peloton.resmgr.capacity import LostHost
 from peloton.resmgr.conservation import Conserved
 from peloton.resmgr.entitlement import Calculator, Entitlements
 from peloton.resmgr.metrics import KindStatus, PoolStatus, ResmgrMetrics
@@ -161,6 +162,7 @@ class ResourceManager:
         self._tree = PoolTree()
         self._calculator = Calculator(self._tree)
         self._capacity: Resources | None = None
+        self._lost: tuple[LostHost, ...] = ()  # hosts lost recently, still counted as capacity
         self._views: dict[str, JobView] = {}
         self._seq = 0
         self._reasons: dict[str, tuple[str, str]] = {}  # last pending reason written, per job
@@ -171,7 +173,7 @@ class ResourceManager:
         self._dirty: set[str] = set()
         self._backlog = False  # the last cycle left admitted gangs for the next
         self._cycle_at = -math.inf  # when the last whole cycle ran, and with what capacity
-        self._cycle_capacity: Resources | None = None
+        self._cycle_capacity: tuple[Resources | None, tuple[LostHost, ...]] = (None, ())
         self._admitted: deque[Gang] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -246,12 +248,14 @@ class ResourceManager:
 
     # ---------------------------------------------------------------- inputs
 
-    def set_capacity(self, total: Resources) -> None:
-        """The cluster's total resources (from the host manager), whenever they change."""
+    def set_capacity(self, total: Resources, lost: Sequence[LostHost] = ()) -> None:
+        """The cluster's total resources now and its hosts lost recently (from the host
+        manager), whenever they change: gangs are admitted into ``total``, and fail as never
+        fitting only if they would not fit even with ``lost``."""
         # Not under self._lock: the host manager calls this from its own threads, possibly
         # holding its locks while a cycle (holding ours) asks it to kill tasks.
         with self._wake:
-            self._capacity = total
+            self._capacity, self._lost = total, tuple(lost)
             self._wake.notify_all()
 
     def job_changed(self, job_id: str) -> None:
@@ -364,7 +368,7 @@ class ResourceManager:
         are tasks starting, which move nothing between queue and allocation)."""
         with self._lock:
             changed = self._refresh_dirty() or self._backlog
-            capacity = self._capacity
+            capacity = (self._capacity, self._lost)
             now = self._clock()
             if (
                 when_changed
@@ -381,7 +385,7 @@ class ResourceManager:
             ents = conserved.usable
             rooms = {p: self._room(p, ents.entitlement.get(p, ZERO), usage) for p in queues}
             decisions, free = admission.admit_all(
-                queues, rooms, free, self._capacity, self._no_hosts
+                queues, rooms, free, self._capacity, self._no_hosts, self._lost
             )
             for decision in decisions.values():
                 self._explain(decision)
