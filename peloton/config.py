@@ -61,6 +61,9 @@ class ServerConfig:
     lease_seconds: float = 60.0
     # Explicit + implicit task reconciliation period (also on every (re)subscription).
     reconcile_interval_seconds: float = 300.0
+    # A lost agent's host still counts toward the capacity that decides a gang can never fit
+    # for this long (agents come back from reboots), as Mesos waits agent_reregister_timeout.
+    host_loss_grace_seconds: float = 600.0
 
     def __post_init__(self) -> None:
         # A config file gives strings; the rest of peloton wants a Path.

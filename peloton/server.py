@@ -172,6 +172,7 @@ class Server:
             refuse_seconds=c.offer_refuse_seconds,
             lease_seconds=c.lease_seconds,
             reconcile_interval_seconds=c.reconcile_interval_seconds,
+            host_loss_grace_seconds=c.host_loss_grace_seconds,
         )
         # PostgreSQL takes writers of different jobs at once (their waits then overlap); SQLite
         # has one writer at a time, and queued writers poll for the lock.

@@ -2,20 +2,28 @@
 
 Servicers raise :mod:`peloton.errors` exceptions; this is the only place that knows gRPC codes,
 so every RPC reports bad input the same way (INVALID_ARGUMENT naming the field and the reason).
+Every request is checked at this edge first (:mod:`peloton.api.limits`); bytes that do not parse
+are answered INVALID_ARGUMENT too, and logged once per client and interval (grpc would log a
+traceback for each, so any client could fill the log).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 from sqlalchemy.exc import OperationalError
 
 from peloton import errors
+from peloton.api import limits
 from peloton.metrics import Metrics
+from peloton.storage.deadline import rpc_scope
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +35,61 @@ CODES: dict[type[errors.PelotonError], grpc.StatusCode] = {
     errors.Conflict: grpc.StatusCode.ABORTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
+
+
+# A client's malformed requests are logged at most once per this many seconds.
+MALFORMED_LOG_INTERVAL = 60.0
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """What a request deserializer returns for bytes its message class cannot parse, so that
+    the RPC, which knows its client, answers them (the deserializer cannot)."""
+
+    message_class: type[Message] | None
+    data: bytes
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """``deserializer``, returning :class:`Malformed` where it would raise DecodeError."""
+    if deserializer is None:
+        return None
+    # Generated stubs pass the message class's FromString: its class names the fields.
+    owner = getattr(deserializer, "__self__", None)
+    message_class = owner if isinstance(owner, type) and issubclass(owner, Message) else None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError:
+            return Malformed(message_class, data)
+
+    return parse
+
+
+class MalformedLog:
+    """Logs a client's malformed requests once per interval, with how many went unlogged."""
+
+    def __init__(self, interval: float = MALFORMED_LOG_INTERVAL) -> None:
+        self._interval = interval
+        self._lock = threading.Lock()
+        # client -> (when last logged, requests since)
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    def record(self, peer: str, method: str, error: errors.InvalidArgument) -> None:
+        # The port changes with every connection; the address names the client.
+        client = peer.rsplit(":", 1)[0]
+        now = time.monotonic()
+        with self._lock:
+            last, unlogged = self._seen.get(client, (-self._interval, 0))
+            if now - last < self._interval:
+                self._seen[client] = (last, unlogged + 1)
+                return
+            self._seen[client] = (now, 0)
+        log.warning(
+            "malformed request",
+            extra={"client": client, "method": method, "error": str(error), "unlogged": unlogged},
+        )
 
 
 def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -41,6 +104,7 @@ def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 class ServiceInterceptor(grpc.ServerInterceptor):
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
+        self._malformed = MalformedLog()
 
     def intercept_service(
         self, continuation: Callable[[Any], Any], handler_call_details: Any
@@ -52,13 +116,13 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._stream(method, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return handler
@@ -79,11 +143,26 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         self._finish(method, code, started)
         context.abort(code, message)
 
+    def _refuse_malformed(
+        self, method: str, request: Malformed, context: grpc.ServicerContext, started: float
+    ) -> None:
+        """End the RPC with INVALID_ARGUMENT, logged by :class:`MalformedLog` alone."""
+        error = limits.check_malformed(request.message_class, request.data)
+        self._malformed.record(context.peer(), method, error)
+        self._finish(method, grpc.StatusCode.INVALID_ARGUMENT, started)
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
     def _unary(self, method: str, behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         def run(request: Any, context: grpc.ServicerContext) -> Any:
             started = time.perf_counter()
+            if isinstance(request, Malformed):
+                self._refuse_malformed(method, request, context, started)
             try:
-                response = behavior(request, context)
+                limits.check_request(request)
+                # The database work is bounded by the client's deadline, and cut if the RPC
+                # ends (cancelled, past its deadline) before it does.
+                with rpc_scope(context):
+                    response = behavior(request, context)
             except Exception as exc:
                 self._fail(method, exc, context, started)
             self._finish(method, grpc.StatusCode.OK, started)
@@ -96,7 +175,10 @@ class ServiceInterceptor(grpc.ServerInterceptor):
     ) -> Callable[[Any, Any], Iterator[Any]]:
         def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             started = time.perf_counter()
+            if isinstance(request, Malformed):
+                self._refuse_malformed(method, request, context, started)
             try:
+                limits.check_request(request)
                 yield from behavior(request, context)
             except GeneratorExit:
                 # The client went away (or the server is stopping) mid-stream.

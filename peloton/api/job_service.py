@@ -9,12 +9,16 @@ import grpc
 from peloton.api import convert
 from peloton.errors import InvalidArgument
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import JobFilter
+from peloton.jobmgr.records import JobFilter, TaskRecord
 from peloton.jobmgr.states import JOB_TERMINAL, JobState
+from peloton.storage.jobs import encode_token
 from peloton.v1 import job_pb2, job_pb2_grpc
 
 # How long a watcher sleeps when nothing is published (another daemon may write the database).
 WATCH_POLL_SECONDS = 1.0
+# Most bytes of tasks in one ListTasks page: a default gRPC client receives at most 4 MiB, and
+# 10,000 tasks with a long kill message would be more.
+LIST_TASKS_BUDGET = 3 * 1024 * 1024
 
 
 class JobService(job_pb2_grpc.JobServiceServicer):
@@ -81,9 +85,7 @@ class JobService(job_pb2_grpc.JobServiceServicer):
         tasks, token = self._jobs.list_tasks(
             _job_id(request), states, request.page_size, request.page_token
         )
-        return job_pb2.ListTasksResponse(
-            tasks=[convert.task_pb(t) for t in tasks], next_page_token=token
-        )
+        return _task_page(tasks, token)
 
     def WatchJob(
         self, request: job_pb2.WatchJobRequest, context: grpc.ServicerContext
@@ -116,6 +118,22 @@ class JobService(job_pb2_grpc.JobServiceServicer):
             if job.state in JOB_TERMINAL or bus.closed:
                 return
             bus.wait(seen, WATCH_POLL_SECONDS)
+
+
+def _task_page(tasks: list[TaskRecord], token: str) -> job_pb2.ListTasksResponse:
+    """The page of ``tasks``, cut short (at least one task kept) where it would exceed
+    LIST_TASKS_BUDGET; the token then resumes after the last task sent."""
+    page = job_pb2.ListTasksResponse()
+    size = 0
+    for task in tasks:
+        task_pb = convert.task_pb(task)
+        size += task_pb.ByteSize()
+        if size > LIST_TASKS_BUDGET and page.tasks:
+            page.next_page_token = encode_token([page.tasks[-1].instance_id])
+            return page
+        page.tasks.append(task_pb)
+    page.next_page_token = token
+    return page
 
 
 def _job_id(request: job_pb2.GetJobRequest | job_pb2.KillJobRequest | object) -> str:

@@ -180,6 +180,14 @@ def database_options(f: F) -> F:
     show_default=True,
 )
 @click.option(
+    "--host-loss-grace-seconds",
+    type=click.FloatRange(0),
+    default=_DEFAULTS.host_loss_grace_seconds,
+    envvar="PELOTON_HOST_LOSS_GRACE_SECONDS",
+    show_default=True,
+    help="How long a lost agent's host still counts toward the capacity gangs must fit.",
+)
+@click.option(
     "--port-file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,

@@ -34,6 +34,7 @@ from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, Offer, OfferPo
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import AttemptRecord, TaskUpdate
 from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
+from peloton.resmgr.capacity import LostHost
 from peloton.resources import Resources
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,9 @@ class MesosSettings:
     reconcile_interval_seconds: float = 300.0
     # Heartbeats missing for this many intervals mean the connection is dead: reconnect.
     missed_heartbeats: int = 5
+    # A lost agent's host still counts toward the capacity that decides what can never fit
+    # for this long (it may come back: a reboot), as Mesos waits agent_reregister_timeout.
+    host_loss_grace_seconds: float = 600.0
 
 
 def current_user() -> str:
@@ -112,14 +116,15 @@ class HostManager:
         store: HostStore,
         metrics: HostmgrMetrics,
         *,
-        on_capacity: Callable[[Resources], None] | None = None,
+        on_capacity: Callable[[Resources, Sequence[LostHost]], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         executor_resources: Resources | None = None,
         writers: int = 1,
     ) -> None:
-        """``writers``: jobs whose status updates are written at once (more than one only
-        where the database takes concurrent writers)."""
+        """``on_capacity``: told the cluster's total and its recently lost hosts whenever
+        either changes. ``writers``: jobs whose status updates are written at once (more than
+        one only where the database takes concurrent writers)."""
         from peloton.placement.firstfit import EXECUTOR_RESOURCES
 
         self.settings = settings
@@ -129,6 +134,7 @@ class HostManager:
         self.metrics = metrics
         self._on_capacity = on_capacity
         self._now = monotonic
+        self._clock = clock
         self.pool = OfferPool(settings.lease_seconds)
         self.hosts = HostRegistry(store, clock)
         self._executor_resources = executor_resources or EXECUTOR_RESOURCES
@@ -144,7 +150,7 @@ class HostManager:
         self._demand = True  # a fresh subscription is not suppressed
         self._suppressed = False
         self._next_reconcile = 0.0
-        self._capacity = Resources()
+        self._capacity: tuple[Resources, tuple[LostHost, ...]] = (Resources(), ())
         # The agent id of each attempt that may run on Mesos, for the KILLs that name it: set at
         # launch (or by a status update after a restart), dropped when the attempt ends (where
         # ended attempts ran is read from their records).
@@ -315,7 +321,14 @@ class HostManager:
         self.pool.remove_agent(agent_id)
         host = self.hosts.agent_lost(agent_id)
         if host is not None:
-            log.warning("agent lost", extra={"host": host.hostname, "agent_id": agent_id})
+            log.warning(
+                "agent lost; its host still counts toward the capacity gangs are judged on",
+                extra={
+                    "host": host.hostname,
+                    "agent_id": agent_id,
+                    "counted_for_seconds": self.settings.host_loss_grace_seconds,
+                },
+            )
         self._work.put(self._check_capacity)
 
     def on_error(self, message: str) -> None:
@@ -367,7 +380,8 @@ class HostManager:
             offers = self.pool.take_unleased()
             if offers:
                 self._decline(offers, refuse=self.settings.refuse_seconds)
-            self._suppress()
+            if not self._capacity[1]:
+                self._suppress()
         self._check_capacity()
         for listener in list(self._offer_listeners):
             listener()
@@ -399,11 +413,33 @@ class HostManager:
             return False
 
     def _check_capacity(self) -> None:
-        total = self.hosts.total()
-        if total != self._capacity:
-            self._capacity = total
+        capacity = (
+            self.hosts.total(),
+            self.hosts.recently_lost(self.settings.host_loss_grace_seconds),
+        )
+        if capacity != self._capacity:
+            self._log_no_longer_counted(self._capacity[1], capacity[1])
+            self._capacity = capacity
             if self._on_capacity is not None:
-                self._on_capacity(total)
+                self._on_capacity(*capacity)
+            if capacity[1] and self._suppressed:
+                # An agent that comes back shows itself only in offers: none while suppressed.
+                self._revive()
+
+    def _log_no_longer_counted(self, before: Sequence[LostHost], now: Sequence[LostHost]) -> None:
+        """Say which lost hosts stopped counting toward the capacity: back, or out of grace
+        (gangs that need them fail from now on)."""
+        still = {h.hostname for h in now}
+        for h in before:
+            if h.hostname in still:
+                continue
+            if self._clock() < h.counted_until:
+                log.info("lost host is back", extra={"host": h.hostname})
+            else:
+                log.warning(
+                    "lost host's grace ended: it no longer counts toward capacity",
+                    extra={"host": h.hostname, "lost_at": h.lost_at.isoformat()},
+                )
 
     # ------------------------------------------------------------------ demand (placement)
 
@@ -421,9 +457,11 @@ class HostManager:
             self._work.put(self._after_offers)
 
     def _revive(self) -> None:
-        if self._demand and self._call(lambda d: d.reviveOffers()):
+        """Ask for offers while gangs wait for placement or lost hosts are counted (their
+        agents' return is seen in offers)."""
+        if (self._demand or self._capacity[1]) and self._call(lambda d: d.reviveOffers()):
             self._suppressed = False
-            log.info("offers revived: gangs wait for placement")
+            log.info("offers revived: gangs wait for placement, or a lost host may come back")
 
     def snapshot(self) -> list[HostOffers]:
         """Unleased offered hosts that may take placements (draining and down ones left out)."""
@@ -431,8 +469,10 @@ class HostManager:
 
     def totals(self) -> list[HostOffers]:
         """Hosts that take placements (up, not draining) with their total resources, for
-        telling a gang that never fits from one that waits. Totals carry no port ranges: every
-        port is assumed, so a gang is never judged infeasible for ports."""
+        telling a gang that never fits from one that waits, and the hosts lost recently (they
+        may come back). Totals carry no port ranges: every port is assumed, so a gang is never
+        judged infeasible for ports."""
+        lost = {(h.hostname, h.lost_at) for h in self._capacity[1]}
         return [
             HostOffers(
                 v.record.hostname,
@@ -443,6 +483,10 @@ class HostManager:
             )
             for v in self.hosts.list()
             if v.record.state == HostState.UP
+            or (
+                v.record.state == HostState.DOWN
+                and (v.record.hostname, v.record.updated_at) in lost
+            )
         ]
 
     def lease(self, agent_id: str) -> Lease | None:

@@ -558,7 +558,11 @@ Global___JobEvent: _TypeAlias = JobEvent  # noqa: Y015
 
 @_typing.final
 class CreateJobRequest(_message.Message):
-    """---------------------------------------------------------------- RPCs"""
+    """---------------------------------------------------------------- RPCs
+
+    Every string of a request must be valid UTF-8 without NUL and at most 1 KiB unless its comment
+    says otherwise; repeated and map fields hold at most 256 items (README, "Limits").
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -686,7 +690,7 @@ class ListJobsRequest(_message.Message):
 
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """Every label must match."""
+        """Every label must match; at most 16 (keys 63 bytes, values 255)."""
 
     def __init__(
         self,
@@ -738,6 +742,7 @@ class KillJobRequest(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     message: _builtins.str
+    """At most 1 KiB: it is copied into every task's attempt and event."""
     def __init__(
         self,
         *,
@@ -780,6 +785,7 @@ class RestartJobRequest(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     message: _builtins.str
+    """At most 1 KiB."""
     def __init__(
         self,
         *,
@@ -904,7 +910,7 @@ class ListTasksRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     page_size: _builtins.int
-    """1..10000, default 1000."""
+    """1..10000, default 1000; a page holds at most 3 MiB of tasks (then fewer, with a token)."""
     page_token: _builtins.str
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[Global___TaskState.ValueType]: ...
