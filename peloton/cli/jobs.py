@@ -11,9 +11,14 @@ from pathlib import Path
 import click
 
 from peloton.cli import output as out
-from peloton.cli.main import EXIT_USAGE, CliError, cli_error
+from peloton.cli.main import EXIT_USAGE, CliError, cli_error, read_text_file
 from peloton.client import PelotonClient
-from peloton.jobmgr.spec import check_pool_path, load_job_spec_yaml
+from peloton.jobmgr.spec import (
+    check_pool_path,
+    load_job_spec_yaml,
+    validate_job_spec,
+    with_defaults,
+)
 from peloton.jobmgr.states import JobState, TaskState
 from peloton.v1 import job_pb2
 
@@ -91,15 +96,14 @@ def submit(
     ctx: click.Context, file: Path, pool: str | None, request_id: str, quiet: bool, fmt: str
 ) -> None:
     """Submit the job described in FILE (YAML; - reads standard input)."""
-    try:
-        text = sys.stdin.read() if str(file) == "-" else file.read_text()
-    except OSError as exc:
-        raise click.BadParameter(f"cannot read {file}: {exc.strerror}", param_hint="FILE") from None
+    text = read_text_file(file)
     try:
         spec = load_job_spec_yaml(text)
         if pool is not None:
             check_pool_path(pool, "--pool")
             spec.pool = pool
+        # The server checks the same, but only once the whole spec (a 10 MB command) was sent.
+        validate_job_spec(with_defaults(spec))
     except Exception as exc:
         raise cli_error(exc) from None
     with connect(ctx) as client:

@@ -6,8 +6,10 @@ validation error (bad flag, bad spec, INVALID_ARGUMENT from the server).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+from pathlib import Path
 
 import click
 import grpc
@@ -55,6 +57,30 @@ def cli_error(exc: Exception, server: str = "") -> CliError:
     return CliError(f"internal error: {exc.__class__.__name__}: {exc}")
 
 
+def read_text_file(file: Path) -> str:
+    """The UTF-8 text of a spec FILE (- is standard input); a file that cannot be read or is
+    not UTF-8 (binary, latin-1, UTF-16) is a usage error."""
+    try:
+        data = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {file}: {exc.strerror}", param_hint="FILE") from None
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise CliError(
+            f"{file}: not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x}); "
+            "save it as UTF-8",
+            EXIT_USAGE,
+        ) from None
+
+
+def _seconds(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    """A positive, finite number of seconds (a negative or nan timeout never answers)."""
+    if not math.isfinite(value) or value <= 0:
+        raise click.BadParameter(f"must be a positive number of seconds (got {value})")
+    return value
+
+
 def usage_error(exc: click.UsageError) -> CliError:
     """A click usage error (bad option or value, missing argument or file) as one line: click's
     message and where the help is, without the usage block."""
@@ -81,7 +107,13 @@ def _server(value: str) -> str:
     callback=lambda _ctx, _param, value: _server(value),
     help="Address of the peloton server: HOST[:PORT], port 5392 if left out ([IPV6]:PORT).",
 )
-@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for each call.")
+@click.option(
+    "--timeout",
+    default=30.0,
+    show_default=True,
+    callback=_seconds,
+    help="Seconds to wait for each call.",
+)
 @click.version_option(package_name="peloton")
 @click.pass_context
 def cli(ctx: click.Context, server: str, timeout: float) -> None:

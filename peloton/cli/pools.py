@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from peloton.cli import output as out
 from peloton.cli.jobs import connect
-from peloton.cli.main import cli_error
+from peloton.cli.main import cli_error, read_text_file
 from peloton.errors import InvalidArgument
-from peloton.jobmgr.spec import check_pool_path, parse_message_dict
+from peloton.jobmgr.spec import check_pool_path, load_yaml, parse_message_dict
 from peloton.resources import KINDS
 from peloton.v1 import pool_pb2
 
@@ -22,10 +20,7 @@ from peloton.v1 import pool_pb2
 def load_pool_spec_yaml(text: str) -> pool_pb2.PoolSpec:
     """A pool spec from YAML; policies may be written ``static``/``elastic``, ``fifo``/
     ``priority_fifo``. Unknown keys and wrong types raise InvalidArgument naming the key."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidArgument("spec", "not valid YAML") from exc
+    data = load_yaml(text)
     if not isinstance(data, dict):
         raise InvalidArgument("spec", "must be a YAML mapping of pool fields")
     resources = data.get("resources") or {}
@@ -47,10 +42,7 @@ def _enum_name(prefix: str, value: str) -> str:
 
 
 def _read(file: Path) -> pool_pb2.PoolSpec:
-    try:
-        text = sys.stdin.read() if str(file) == "-" else file.read_text()
-    except OSError as exc:
-        raise click.BadParameter(f"cannot read {file}: {exc.strerror}", param_hint="FILE") from None
+    text = read_text_file(file)
     try:
         return load_pool_spec_yaml(text)
     except Exception as exc:

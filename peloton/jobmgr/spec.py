@@ -51,6 +51,11 @@ MAX_FAILURES = 100
 MAX_BACKOFF_SECONDS = 86_400
 MAX_KILL_GRACE_SECONDS = 3_600
 MAX_RUNTIME_SECONDS = 365 * 86_400
+# A spec file nests a few levels; deeper YAML would exhaust the parser's recursion.
+MAX_YAML_DEPTH = 32
+# Values in a spec file once aliases are expanded: bounds an alias bomb ("billion laughs"),
+# whose few lines expand to more than memory holds.
+MAX_YAML_VALUES = 100_000
 
 CONSTRAINT_OPS = ("in", "not_in", "eq", "exists")
 # JobSpec.placement; empty means the first.
@@ -69,14 +74,62 @@ _PORT_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 # ---------------------------------------------------------------------------- YAML
 
 
-def load_job_spec_yaml(text: str) -> job_pb2.JobSpec:
-    """Parse a job spec from YAML, rejecting unknown keys and wrong types (InvalidArgument)."""
+class _BoundedLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing documents nested deeper than MAX_YAML_DEPTH or holding
+    more than MAX_YAML_VALUES values with aliases expanded."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise InvalidArgument("spec", f"YAML nests deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None and _expanded_size(node, {}) > MAX_YAML_VALUES:
+            raise InvalidArgument(
+                "spec", f"YAML holds more than {MAX_YAML_VALUES} values with aliases expanded"
+            )
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values ``node`` stands for once its aliases are expanded (each aliased node
+    counted once per use, computed once)."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    sizes[key] = MAX_YAML_VALUES + 1  # an anchor that contains its own alias never ends
+    if isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = node.value
+    else:
+        children = []
+    sizes[key] = 1 + sum(_expanded_size(child, sizes) for child in children)
+    return sizes[key]
+
+
+def load_yaml(text: str) -> Any:
+    """The YAML document in ``text``, nesting and alias expansion bounded (InvalidArgument)."""
     try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader: plain data only
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise InvalidArgument("spec", f"not valid YAML{where}") from exc
+
+
+def load_job_spec_yaml(text: str) -> job_pb2.JobSpec:
+    """Parse a job spec from YAML, rejecting unknown keys and wrong types (InvalidArgument)."""
+    data = load_yaml(text)
     if not isinstance(data, dict):
         raise InvalidArgument("spec", "must be a YAML mapping of job fields")
     return parse_message_dict(data, job_pb2.JobSpec())
