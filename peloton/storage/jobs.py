@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    Select,
     String,
     Update,
     and_,
@@ -23,12 +24,12 @@ from sqlalchemy import (
     cast,
     delete,
     event,
-    exists,
     func,
     insert,
     literal,
     or_,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.engine import Row
@@ -440,12 +441,8 @@ def list_jobs(
             JobRow.name.like(_escape_like(flt.name_prefix) + "%", escape="\\"),
             func.substr(JobRow.name, 1, len(flt.name_prefix)) == flt.name_prefix,
         )
-    for key, value in sorted(flt.labels.items()):
-        query = query.where(
-            exists().where(
-                JobLabelRow.job_id == JobRow.id, JobLabelRow.key == key, JobLabelRow.value == value
-            )
-        )
+    if flt.labels:
+        query = query.where(JobRow.id.in_(_jobs_with_labels(flt.labels)))
     if page_token:
         created_iso, last_id = _job_cursor(page_token)
         created = datetime.fromisoformat(created_iso)
@@ -465,6 +462,19 @@ def list_jobs(
     jobs = [job_record(r) for r in rows]
     token = encode_token([rows[-1].created_at.isoformat(), rows[-1].id]) if more else ""
     return jobs, token
+
+
+def _jobs_with_labels(labels: Mapping[str, str]) -> Select[str]:
+    """The ids of jobs that carry every one of ``labels``, as one grouped scan of the matching
+    label rows: a job has each key once, so matching all is matching as many rows as labels.
+    (One EXISTS per label made the planner's work grow steeply: 200 labels took 36 s.)"""
+    pairs = sorted(labels.items())
+    return (
+        select(JobLabelRow.job_id)
+        .where(tuple_(JobLabelRow.key, JobLabelRow.value).in_(pairs))
+        .group_by(JobLabelRow.job_id)
+        .having(func.count() == len(pairs))
+    )
 
 
 def _job_cursor(token: str) -> tuple[str, str]:
