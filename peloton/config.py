@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from peloton.errors import InvalidArgument
-from peloton.storage.db import default_sqlite_url
+from peloton.storage.db import DbTimeouts, default_sqlite_url
 
 
 def default_data_dir() -> Path:
@@ -61,6 +61,13 @@ class ServerConfig:
     lease_seconds: float = 60.0
     # Explicit + implicit task reconciliation period (also on every (re)subscription).
     reconcile_interval_seconds: float = 300.0
+    # Database bounds: the longest a statement may run (an RPC's: at most until its deadline),
+    # a wait for a pooled connection, and a connect (also how soon keepalives find a dead peer).
+    db_statement_timeout_seconds: float = 30.0
+    db_pool_timeout_seconds: float = 5.0
+    db_connect_timeout_seconds: float = 5.0
+    # How often health probes the database (NOT_SERVING while it does not answer).
+    db_probe_interval_seconds: float = 2.0
     # A lost agent's host still counts toward the capacity that decides a gang can never fit
     # for this long (agents come back from reboots), as Mesos waits agent_reregister_timeout.
     host_loss_grace_seconds: float = 600.0
@@ -72,6 +79,14 @@ class ServerConfig:
     @property
     def database_url(self) -> str:
         return self.db_url or default_sqlite_url(self.data_dir)
+
+    @property
+    def db_timeouts(self) -> DbTimeouts:
+        return DbTimeouts(
+            statement_seconds=self.db_statement_timeout_seconds,
+            pool_seconds=self.db_pool_timeout_seconds,
+            connect_seconds=self.db_connect_timeout_seconds,
+        )
 
 
 CONFIG_KEYS = tuple(f.name for f in fields(ServerConfig))

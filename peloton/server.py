@@ -33,6 +33,7 @@ from peloton.storage import jobs as job_repo
 from peloton.storage import migrate
 from peloton.storage.db import Database
 from peloton.storage.hosts import SqlHostStore
+from peloton.storage.probe import DatabaseProbe
 from peloton.v1 import host_pb2, host_pb2_grpc, job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
 
 if TYPE_CHECKING:  # pymesos is imported only when a Mesos master is configured
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 # Write transactions the launcher, and the host manager, run at once on PostgreSQL.
 CONCURRENT_WRITERS = 4
+# On shutdown, the components' last database work gets this long; then it is aborted.
+DATABASE_STOP_SECONDS = 2.0
 # How late, at worst, the daemon notices a SIGTERM or SIGINT that landed on another thread.
 SIGNAL_POLL_SECONDS = 0.5
 SERVICE_NAMES = (
@@ -72,6 +75,7 @@ class Server:
         self.metrics_port = 0
         self._grpc: grpc.Server | None = None
         self._health = health.HealthServicer()
+        self._probe: DatabaseProbe | None = None
         self._metrics_http: object | None = None
         self._stopped = threading.Event()
         self._started = False  # start() finished: there is a running daemon to log about
@@ -79,7 +83,7 @@ class Server:
     def start(self) -> None:
         url = self.config.database_url
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        db = Database.from_url(url)
+        db = Database.from_url(url, self.config.db_timeouts)
         try:
             migrate.ensure_current(db.engine, make_url(url).render_as_string(hide_password=True))
         except Exception:
@@ -134,8 +138,11 @@ class Server:
             self.hostmgr.start()
             self.launcher.start()
         self._grpc.start()
-        for name in ("", *SERVICE_NAMES):
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._probe = DatabaseProbe(
+            url, self.config.db_timeouts, self.config.db_probe_interval_seconds, self._on_probe
+        )
+        self._probe.start()
         self._started = True
         log.info(
             "peloton server started",
@@ -147,6 +154,17 @@ class Server:
         )
         if not self.config.mesos_master:
             log.warning("no Mesos master configured (mesos_master): jobs wait, nothing launches")
+
+    def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
+        for name in ("", *SERVICE_NAMES):
+            self._health.set(name, status)
+
+    def _on_probe(self, reason: str) -> None:
+        """The database stopped or started answering the probe (``reason``: why not)."""
+        assert self.db is not None
+        self.db.set_unreachable(reason)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING if reason else serving)
 
     def _build_hosts(self, db: Database, jobs: JobManager, resmgr: ResourceManager) -> None:
         """The host registry; with a Mesos master also the framework and the launcher (started
@@ -228,7 +246,13 @@ class Server:
         if self.jobs is not None:
             self.jobs.events.close()  # ends WatchJob streams cleanly
         if self._grpc is not None:
+            # RPCs still running after grace are cancelled, and their queries with them.
             self._grpc.stop(grace).wait()
+        if self._probe is not None:
+            self._probe.stop()
+        if self.db is not None:
+            # Bounds the components' last database work, so their threads all end.
+            self.db.close_within(DATABASE_STOP_SECONDS)
         if self.launcher is not None:
             self.launcher.stop()
         if self.hostmgr is not None:

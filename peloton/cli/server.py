@@ -188,6 +188,38 @@ def database_options(f: F) -> F:
     help="How long a lost agent's host still counts toward the capacity gangs must fit.",
 )
 @click.option(
+    "--db-statement-timeout-seconds",
+    type=click.FloatRange(0.001),
+    default=_DEFAULTS.db_statement_timeout_seconds,
+    envvar="PELOTON_DB_STATEMENT_TIMEOUT_SECONDS",
+    show_default=True,
+    help="Longest a database statement may run (an RPC's: at most until its deadline).",
+)
+@click.option(
+    "--db-pool-timeout-seconds",
+    type=click.FloatRange(0),
+    default=_DEFAULTS.db_pool_timeout_seconds,
+    envvar="PELOTON_DB_POOL_TIMEOUT_SECONDS",
+    show_default=True,
+    help="Longest wait for a pooled database connection.",
+)
+@click.option(
+    "--db-connect-timeout-seconds",
+    type=click.FloatRange(1),
+    default=_DEFAULTS.db_connect_timeout_seconds,
+    envvar="PELOTON_DB_CONNECT_TIMEOUT_SECONDS",
+    show_default=True,
+    help="Longest a database connect may take; keepalives find a dead peer about as soon.",
+)
+@click.option(
+    "--db-probe-interval-seconds",
+    type=click.FloatRange(0.01),
+    default=_DEFAULTS.db_probe_interval_seconds,
+    envvar="PELOTON_DB_PROBE_INTERVAL_SECONDS",
+    show_default=True,
+    help="How often health probes the database (NOT_SERVING while it does not answer).",
+)
+@click.option(
     "--port-file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
