@@ -73,10 +73,11 @@ def test_a_silent_database_costs_unavailable_within_the_deadline_then_recovers(
 
                 started = time.monotonic()
                 with pytest.raises(grpc.RpcError) as failed:
-                    stub.ListJobs(LIST, timeout=3)
+                    stub.ListJobs(LIST, timeout=5)
                 took = time.monotonic() - started
+                # UNAVAILABLE: the server answered before the deadline, with a reason.
                 assert failed.value.code() == grpc.StatusCode.UNAVAILABLE, failed.value
-                assert took < 3, f"answered after {took:.2f} s, past the 3 s deadline"
+                assert took < 5, f"answered after {took:.2f} s, past the 5 s deadline"
 
                 port = server.grpc_port
                 wait_for(

@@ -36,8 +36,8 @@ from peloton.errors import InvalidArgument, Unavailable
 from peloton.storage.deadline import Limits, current_limits, current_scope, limits
 
 _WRITE = "peloton_write"
-# The client gives a statement this much longer than the server's statement_timeout, so that
-# a server that answers reports the timeout itself (and the connection stays usable).
+# The server's statement_timeout fires this much before the client stops waiting, so that a
+# server that answers reports the timeout itself (and the connection stays usable).
 CLIENT_GRACE_SECONDS = 0.2
 # A backend checks this often whether its client is gone (a cut connection), and stops.
 PG_CLIENT_CHECK_MS = 500
@@ -128,7 +128,7 @@ def _postgres_engine(url: str, pool_size: int, timeouts: DbTimeouts) -> Engine:
     def _on_begin(conn: Connection) -> None:
         bound = current_limits()
         if bound is not None and bound.deadline is not None:
-            left = bound.deadline - time.monotonic()
+            left = bound.deadline - time.monotonic() - CLIENT_GRACE_SECONDS
             conn.exec_driver_sql(f"SET LOCAL statement_timeout = {_ms(left)}")
 
     return engine
@@ -166,10 +166,11 @@ _READY = (
 
 
 def _wait_limit(conn: Any, bound: Limits) -> float:
+    """When to stop waiting: a connect's or a statement's time, and never past the deadline."""
     now = time.monotonic()
     step = bound.connect_seconds if conn.status not in _READY else bound.statement_seconds
     limit = now + step + CLIENT_GRACE_SECONDS
-    return limit if bound.deadline is None else min(limit, bound.deadline + CLIENT_GRACE_SECONDS)
+    return limit if bound.deadline is None else min(limit, bound.deadline)
 
 
 def _cut_postgres(dbapi_conn: Any) -> None:
