@@ -24,6 +24,7 @@ from typing import Any
 
 from pymesos import MesosSchedulerDriver, Scheduler
 
+from peloton.capacity import LostHost
 from peloton.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from peloton.hostmgr import states as mesos_states
 from peloton.hostmgr.acks import Acknowledger
@@ -34,7 +35,6 @@ from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, Offer, OfferPo
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.records import AttemptRecord, TaskUpdate
 from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
-from peloton.resmgr.capacity import LostHost
 from peloton.resources import Resources
 
 log = logging.getLogger(__name__)

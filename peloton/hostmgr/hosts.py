@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
+from peloton.capacity import Lost, LostHost, recently_lost
 from peloton.errors import FailedPrecondition, NotFound
 from peloton.jobmgr.states import TaskState
-from peloton.resmgr.capacity import Lost, LostHost, recently_lost
 from peloton.resources import ZERO, Resources
 
 

@@ -16,7 +16,7 @@ Rules, applied to a pool's queue in order (priority then age, or age only for FI
 - A gang that can never fit — larger than its pool's limit, than the cluster once its capacity is
   known, or (non-preemptible) than its pool's reservation — is infeasible and fails at once. The
   cluster's capacity here counts the hosts lost recently (they may come back, see
-  :mod:`peloton.resmgr.capacity`); a gang that fits only with them waits, naming them.
+  :mod:`peloton.capacity`); a gang that fits only with them waits, naming them.
 
 Every gang that waits gets a reason naming the binding constraint, e.g. ``pool /research/vision:
 gpu entitlement 8, allocated 6, gang needs 4``. Pure: no I/O, no clock (ages are given).
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from peloton.resmgr.capacity import LostHost, lost_total
+from peloton.capacity import LostHost, lost_total
 from peloton.resmgr.pool import PoolTree, QueuePolicy, format_amount
 from peloton.resources import EPSILON, KINDS, ZERO, Resources
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from peloton.capacity import LostHost
 from peloton.errors import InvalidArgument, NotFound
 from peloton.gang import Gang
 from peloton.jobmgr import restarts
@@ -33,7 +34,6 @@ from peloton.jobmgr.records import JobRecord
 from peloton.jobmgr.states import Goal, JobState, TaskState
 from peloton.resmgr import admission, conservation, preemption
 from peloton.resmgr.admission import Decision, Room, Waiting, describe
-from peloton.resmgr.capacity import LostHost
 from peloton.resmgr.conservation import Conserved
 from peloton.resmgr.entitlement import Calculator, Entitlements
 from peloton.resmgr.metrics import KindStatus, PoolStatus, ResmgrMetrics
