@@ -9,7 +9,6 @@ components (the host manager's killer) told, so nobody acts on a change that was
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -22,6 +21,7 @@ from sqlalchemy.orm import Session
 from peloton.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from peloton.jobmgr import restarts
 from peloton.jobmgr import spec as specs
+from peloton.jobmgr.events import EventBus
 from peloton.jobmgr.metrics import JobMetrics
 from peloton.jobmgr.records import (
     EventRecord,
@@ -87,39 +87,6 @@ class Scheduler(Protocol):
         """A job's tasks or goal changed (committed): its gangs may need (re)queueing or its
         allocation releasing. Must be cheap: it is called on every change."""
         ...
-
-
-class EventBus:
-    """Wakes watchers after a job's events were committed."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._generation = 0
-        self._closed = False
-
-    def publish(self) -> None:
-        with self._cond:
-            self._generation += 1
-            self._cond.notify_all()
-
-    def generation(self) -> int:
-        with self._cond:
-            return self._generation
-
-    def wait(self, seen: int, timeout: float) -> int:
-        """Block until something is published after generation ``seen`` (or timeout/close)."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._generation != seen or self._closed, timeout)
-            return self._generation
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
 
 class JobManager:
@@ -387,7 +354,7 @@ class JobManager:
                     f"job {job_id} is {state}; only SUCCEEDED, FAILED or KILLED jobs can be deleted"
                 )
             repo.delete_job(session, job_id)
-        self.events.publish()
+        self.events.publish(job_id)
         log.info("job deleted", extra={"job_id": job_id})
 
     # ------------------------------------------------------------------ scheduling
@@ -456,7 +423,7 @@ class JobManager:
                 return
             # Not a change of state or spec: the version (optimistic concurrency) stays.
             row.reason, row.message = reason, message
-        self.events.publish()
+        self.events.publish(job_id)
 
     def fail_pending(self, job_id: str, reason: str, message: str) -> JobRecord:
         """Fail a job's PENDING tasks: their gang can never be admitted (the job fails if
@@ -886,7 +853,7 @@ class JobManager:
         return [attempt_id(job_id, i, a) for i, a in rows]
 
     def _after_commit(self, to_kill: Sequence[str], grace: int, job_id: str) -> None:
-        self.events.publish()
+        self.events.publish(job_id)
         if to_kill and self._killer is not None:
             self._killer.kill(to_kill, grace)
         if self._scheduler is not None:
