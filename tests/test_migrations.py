@@ -29,6 +29,7 @@ TABLES = {
     "tasks",
     "task_attempts",
     "job_events",
+    "job_messages",
     "pools",
     "hosts",
     "frameworks",
@@ -276,5 +277,69 @@ def test_0007_records_where_attempts_ran_and_downgrades_keeping_them(engine: Eng
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM tasks")).scalar() == 2
         assert conn.execute(text("SELECT count(*) FROM task_attempts")).scalar() == 1
+    migrate.upgrade(engine)
+    assert schema_differences(engine) == []
+
+
+def _messages(engine: Engine, table: str) -> list[tuple[object, ...]]:
+    """(instance, message) of every row of ``table`` with an instance, as stored."""
+    with engine.connect() as conn:
+        return [
+            tuple(r)
+            for r in conn.execute(
+                text(
+                    f"SELECT instance_id, message FROM {table} WHERE instance_id IS NOT NULL"
+                    " ORDER BY instance_id"
+                )
+            )
+        ]
+
+
+def test_0008_keeps_old_messages_readable_and_downgrades_inlining_the_shared_ones(
+    engine: Engine, empty_url: str
+) -> None:
+    migrate.upgrade(engine, "0007")
+    job_id = "11111111-2222-3333-4444-555555555555"
+    _insert_old_job(engine, job_id)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE tasks SET state = 'RUNNING', ended_at = NULL,"
+                " message = 'own ' || CAST(instance_id AS TEXT)"
+            )
+        )
+        conn.execute(text("""UPDATE jobs SET task_counts = '{"RUNNING": 2}'"""))
+    migrate.upgrade(engine, "0008")
+    assert schema_differences(engine) == []
+
+    kill, restart = "kill " * 8, "restart " * 8
+    db = Database.from_url(empty_url)
+    try:
+        manager = JobManager(db)
+        # Rows from before the revision hold their own message.
+        assert [t.current.message for t in manager.list_tasks(job_id)[0]] == ["own 0", "own 1"]
+        # Both tasks share a job-wide action's message, stored once.
+        manager.kill_job(job_id, kill)
+        manager.update_tasks(job_id, [TaskUpdate(i, 1, TaskState.KILLED) for i in (0, 1)])
+        assert [t.current.message for t in manager.list_tasks(job_id)[0]] == [kill, kill]
+        manager.restart_job(job_id, restart)
+        tasks, _ = manager.list_tasks(job_id)
+        assert [(t.current.message, t.history[-1].message) for t in tasks] == [
+            (restart, kill),
+            (restart, kill),
+        ]
+    finally:
+        db.dispose()
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM job_messages")).scalar() == 2
+    assert _messages(engine, "tasks") == [(0, ""), (1, "")]
+
+    _downgrade(engine, "0007")
+    assert "job_messages" not in tables(engine)
+    assert _messages(engine, "tasks") == [(0, restart), (1, restart)]
+    assert _messages(engine, "task_attempts") == [(0, kill), (1, kill)]
+    # Per task: KILLING and KILLED (Mesos said nothing), then the new attempt.
+    events = sorted(_messages(engine, "job_events"), key=lambda r: str(r[1]))
+    assert [m for _, m in events] == ["", "", kill, kill, restart, restart]
     migrate.upgrade(engine)
     assert schema_differences(engine) == []

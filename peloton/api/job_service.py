@@ -9,7 +9,7 @@ import grpc
 from peloton.api import convert
 from peloton.errors import InvalidArgument
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import JobFilter, TaskRecord
+from peloton.jobmgr.records import EventRecord, JobFilter, TaskRecord
 from peloton.jobmgr.states import JOB_TERMINAL, JobState
 from peloton.storage.jobs import encode_token
 from peloton.v1 import job_pb2, job_pb2_grpc
@@ -19,6 +19,9 @@ WATCH_POLL_SECONDS = 1.0
 # Most bytes of tasks in one ListTasks page: a default gRPC client receives at most 4 MiB, and
 # 10,000 tasks with a long kill message would be more.
 LIST_TASKS_BUDGET = 3 * 1024 * 1024
+# Most bytes of a GetTask answer: the task and as many of its newest events as fit (a task's
+# events, up to 10,000 with a 1 KiB message each, would exceed a default client's 4 MiB).
+GET_TASK_BUDGET = 3 * 1024 * 1024
 
 
 class JobService(job_pb2_grpc.JobServiceServicer):
@@ -73,10 +76,8 @@ class JobService(job_pb2_grpc.JobServiceServicer):
     def GetTask(
         self, request: job_pb2.GetTaskRequest, context: grpc.ServicerContext
     ) -> job_pb2.GetTaskResponse:
-        task, events = self._jobs.get_task(_job_id(request), request.instance_id)
-        return job_pb2.GetTaskResponse(
-            task=convert.task_pb(task), events=[convert.event_pb(e) for e in events]
-        )
+        task, events, older = self._jobs.get_task_events(_job_id(request), request.instance_id)
+        return _task_answer(task, events, older)
 
     def ListTasks(
         self, request: job_pb2.ListTasksRequest, context: grpc.ServicerContext
@@ -134,6 +135,32 @@ def _task_page(tasks: list[TaskRecord], token: str) -> job_pb2.ListTasksResponse
         page.tasks.append(task_pb)
     page.next_page_token = token
     return page
+
+
+def _task_answer(
+    task: TaskRecord, events: list[EventRecord], older: int
+) -> job_pb2.GetTaskResponse:
+    """GetTask's answer: the task and its newest ``events`` that fit in GET_TASK_BUDGET (oldest
+    first, as read); ``events_omitted`` counts the others, ``older`` ones not read included."""
+    answer = job_pb2.GetTaskResponse(task=convert.task_pb(task))
+    # The answer's bytes: each field is a tag, a length and the message (events_omitted: at
+    # most 6 bytes).
+    size = _field_size(answer.task.ByteSize()) + 6
+    kept: list[job_pb2.JobEvent] = []
+    for event in reversed(events):
+        event_pb = convert.event_pb(event)
+        size += _field_size(event_pb.ByteSize())
+        if size > GET_TASK_BUDGET:
+            break
+        kept.append(event_pb)
+    answer.events.extend(reversed(kept))
+    answer.events_omitted = older + len(events) - len(kept)
+    return answer
+
+
+def _field_size(length: int) -> int:
+    """Bytes of a length-delimited field of ``length`` bytes (field number below 16)."""
+    return 1 + max(1, (length.bit_length() + 6) // 7) + length
 
 
 def _job_id(request: job_pb2.GetJobRequest | job_pb2.KillJobRequest | object) -> str:

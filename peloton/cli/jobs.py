@@ -294,7 +294,12 @@ def task_get(ctx: click.Context, job_id: str, instance: int, fmt: str) -> None:
         response = client.get_task(resolve_job_id(client, job_id), instance)
     if fmt == "table":
         out.print_task(response)
+        if response.events_omitted:
+            # The server keeps a task's newest events that fit in one answer (README, Limits).
+            n = response.events_omitted
+            click.echo(f"  ({n} older event{'s' if n != 1 else ''} not shown)")
     else:
+        # events_omitted is in the data (0 when every event is there).
         out.emit_data(out.to_dict(response), fmt)
 
 

@@ -57,6 +57,8 @@ DEFAULT_PAGE_JOBS = 100
 MAX_PAGE_TASKS = 10_000
 DEFAULT_PAGE_TASKS = 1000
 MAX_REQUEST_ID = 128
+# Most events GetTask reads of a task (the newest; its answer may keep fewer, by size).
+MAX_TASK_EVENTS = 10_000
 # Reason of tasks and jobs taken back by the resource manager.
 PREEMPTED = "preempted"
 # Reason of a job stopped because it ran longer than its max_runtime_seconds.
@@ -196,14 +198,23 @@ class JobManager:
             return repo.list_jobs(session, flt, size, page_token)
 
     def get_task(self, job_id: str, instance_id: int) -> tuple[TaskRecord, list[EventRecord]]:
+        """A task and its newest events (at most MAX_TASK_EVENTS), oldest first."""
+        task, events, _ = self.get_task_events(job_id, instance_id)
+        return task, events
+
+    def get_task_events(
+        self, job_id: str, instance_id: int, max_events: int = MAX_TASK_EVENTS
+    ) -> tuple[TaskRecord, list[EventRecord], int]:
+        """A task, its newest ``max_events`` events (oldest first) and how many older events
+        were left out."""
         with self._db.reading() as session:
             row = repo.get_task_row(session, job_id, instance_id)
             if row is None:
                 self._require_job(session, job_id)
                 raise NotFound(f"job {job_id} has no instance {instance_id}")
             task = repo.task_record(session, row)
-            events = repo.events(session, job_id, instance_id=instance_id, limit=10_000)
-        return task, events
+            events, older = repo.newest_task_events(session, job_id, instance_id, max_events)
+        return task, events, older
 
     def list_tasks(
         self,
@@ -697,8 +708,8 @@ class JobManager:
             if u.state in _FAILURES and task.goal == Goal.RUN:
                 changes["failures"] = task.failures + 1
         # Why it was being killed (preempted, restarted, its gang failed): its next attempt's
-        # reason.
-        why = (task.reason, task.message)
+        # reason (a message shared by the gang's tasks stays shared).
+        why = (task.reason, task.message, task.message_id)
         events = [self._event(task, current, u.state, now, u.reason, u.message, u.host)]
         repo.set_task(session, task, **changes)
         _shift(counts, {current: 1}, u.state)
@@ -708,7 +719,13 @@ class JobManager:
         return events
 
     def _new_attempt(
-        self, session: Session, task: TaskRow, now: datetime, reason: str, message: str
+        self,
+        session: Session,
+        task: TaskRow,
+        now: datetime,
+        reason: str,
+        message: str,
+        message_id: int | None = None,
     ) -> dict[str, object]:
         current = TaskState(task.state)
         repo.archive_attempt(session, task)
@@ -721,11 +738,12 @@ class JobManager:
             **repo.UNPLACED,
             reason=reason,
             message=message,
+            message_id=message_id,
             started_at=None,
             ended_at=None,
             updated_at=now,
         )
-        return self._event(task, current, TaskState.PENDING, now, reason, message, "")
+        return self._event(task, current, TaskState.PENDING, now, reason, message, "", message_id)
 
     @staticmethod
     def _event(
@@ -736,7 +754,9 @@ class JobManager:
         reason: str,
         message: str,
         host: str,
+        message_id: int | None = None,
     ) -> dict[str, object]:
+        """A task event; ``message_id`` names a shared message (``message`` is then "")."""
         return {
             "job_id": task.job_id,
             "instance_id": task.instance_id,
@@ -745,6 +765,7 @@ class JobManager:
             "to_state": dst.value,
             "reason": reason,
             "message": message,
+            "message_id": message_id,
             "host": host or task.host,
             "attempt_id": attempt_id(task.job_id, task.instance_id, task.attempt),
         }
@@ -841,7 +862,8 @@ class JobManager:
             return "failed", ""
         task = session.get(TaskRow, (job_id, first))
         assert task is not None
-        return task.reason or "failed", f"instance {first}: {task.message}".rstrip(": ")
+        message = repo.task_message(session, task)
+        return task.reason or "failed", f"instance {first}: {message}".rstrip(": ")
 
     @staticmethod
     def _attempts_in(session: Session, job_id: str, states: Iterable[TaskState]) -> list[str]:

@@ -32,7 +32,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.engine import Row
+from sqlalchemy.engine import CursorResult, Row
 from sqlalchemy.orm import ORMExecuteState, Session
 
 from peloton.errors import InvalidArgument
@@ -44,7 +44,14 @@ from peloton.jobmgr.records import (
     TaskRecord,
 )
 from peloton.jobmgr.states import JOB_TERMINAL, Goal, JobState, TaskState
-from peloton.storage.models import JobEventRow, JobLabelRow, JobRow, TaskAttemptRow, TaskRow
+from peloton.storage.models import (
+    JobEventRow,
+    JobLabelRow,
+    JobMessageRow,
+    JobRow,
+    TaskAttemptRow,
+    TaskRow,
+)
 from peloton.v1 import job_pb2
 
 # A new job with up to this many tasks sends its task rows; a bigger one has the database make
@@ -57,10 +64,13 @@ _JOBS = JobRow.metadata.tables[JobRow.__tablename__]
 _LABELS = JobLabelRow.metadata.tables[JobLabelRow.__tablename__]
 _TASKS = TaskRow.metadata.tables[TaskRow.__tablename__]
 _EVENTS = JobEventRow.metadata.tables[JobEventRow.__tablename__]
+_MESSAGES = JobMessageRow.metadata.tables[JobMessageRow.__tablename__]
 # Ids per IN (...) of a read by many ids: below SQLite's limit on parameters.
 _IDS_PER_QUERY = 1000
 # Where a session keeps the task changes set_task has not written yet.
 _TASK_WRITES = "peloton_task_writes"
+# Where a write session keeps the ids of the messages it stored, by (job id, text).
+_SHARED_MESSAGES = "peloton_shared_messages"
 # Where a new attempt has run: nowhere yet.
 UNPLACED: Mapping[str, str] = {"host": "", "agent_id": "", "executor_id": ""}
 # The columns of an attempt, the same in tasks (the current one) and task_attempts (ended ones).
@@ -74,6 +84,7 @@ _ATTEMPT_COLUMNS = (
     "executor_id",
     "reason",
     "message",
+    "message_id",
     "started_at",
     "ended_at",
 )
@@ -121,7 +132,16 @@ def job_record(row: JobRow | Row[Any]) -> JobRecord:
     )
 
 
-def _attempt_record(row: TaskRow | TaskAttemptRow) -> AttemptRecord:
+# The texts of shared messages by id (:func:`message_texts`).
+Texts = Mapping[int, str]
+
+
+def _text(row: TaskRow | TaskAttemptRow | JobEventRow, texts: Texts) -> str:
+    """A row's message: its own, or the shared one it names."""
+    return row.message if row.message_id is None else texts.get(row.message_id, "")
+
+
+def _attempt_record(row: TaskRow | TaskAttemptRow, texts: Texts) -> AttemptRecord:
     """The attempt a row holds: a task's current one, or an ended one."""
     return AttemptRecord(
         job_id=row.job_id,
@@ -130,7 +150,7 @@ def _attempt_record(row: TaskRow | TaskAttemptRow) -> AttemptRecord:
         state=TaskState(row.state),
         host=row.host,
         reason=row.reason,
-        message=row.message,
+        message=_text(row, texts),
         started_at=row.started_at,
         ended_at=row.ended_at,
         agent_id=row.agent_id,
@@ -138,20 +158,20 @@ def _attempt_record(row: TaskRow | TaskAttemptRow) -> AttemptRecord:
     )
 
 
-def _task_record(row: TaskRow, history: Sequence[AttemptRecord] = ()) -> TaskRecord:
+def _task_record(row: TaskRow, texts: Texts, history: Sequence[AttemptRecord] = ()) -> TaskRecord:
     return TaskRecord(
         job_id=row.job_id,
         instance_id=row.instance_id,
         state=TaskState(row.state),
         goal=Goal(row.goal),
-        current=_attempt_record(row),
+        current=_attempt_record(row, texts),
         failures=row.failures,
         version=row.version,
         history=tuple(history),
     )
 
 
-def _event_record(row: JobEventRow) -> EventRecord:
+def _event_record(row: JobEventRow, texts: Texts) -> EventRecord:
     return EventRecord(
         sequence=row.id,
         job_id=row.job_id,
@@ -160,10 +180,47 @@ def _event_record(row: JobEventRow) -> EventRecord:
         from_state=row.from_state,
         to_state=row.to_state,
         reason=row.reason,
-        message=row.message,
+        message=_text(row, texts),
         host=row.host,
         attempt_id=row.attempt_id,
     )
+
+
+# ---------------------------------------------------------------------------- shared messages
+
+
+def shared_message(session: Session, job_id: str, text: str) -> int:
+    """The id of a stored message of ``job_id`` with ``text``, for rows that name it instead of
+    holding a copy: stored now, or earlier in this transaction (a kill moves unlaunched and
+    running tasks in two statements, one text)."""
+    stored: dict[tuple[str, str], int] = session.info.setdefault(_SHARED_MESSAGES, {})
+    key = (job_id, text)
+    if key not in stored:
+        result = session.execute(insert(_MESSAGES).values(job_id=job_id, text=text))
+        assert isinstance(result, CursorResult) and result.inserted_primary_key is not None
+        stored[key] = int(result.inserted_primary_key[0])
+    return stored[key]
+
+
+def message_texts(session: Session, ids: Iterable[int | None]) -> dict[int, str]:
+    """The texts of the shared messages of ``ids`` (None: a row with its own message), in one
+    query per thousand distinct ids: a page of tasks or events names a few."""
+    wanted = sorted({i for i in ids if i is not None})
+    texts: dict[int, str] = {}
+    for start in range(0, len(wanted), _IDS_PER_QUERY):
+        chunk = wanted[start : start + _IDS_PER_QUERY]
+        texts.update(
+            (int(i), t)
+            for i, t in session.execute(
+                select(_MESSAGES.c.id, _MESSAGES.c.text).where(_MESSAGES.c.id.in_(chunk))
+            )
+        )
+    return texts
+
+
+def task_message(session: Session, row: TaskRow) -> str:
+    """The message of a task's current attempt, its own or shared."""
+    return _text(row, message_texts(session, [row.message_id]))
 
 
 def _attempt_id_sql() -> Any:
@@ -331,7 +388,8 @@ def update_job(session: Session, row: JobRow, **values: Any) -> None:
 
 def delete_job(session: Session, job_id: str) -> None:
     # Children first: correct even where the database does not enforce ON DELETE CASCADE.
-    for model in (JobEventRow, TaskAttemptRow, TaskRow, JobLabelRow):
+    # Shared messages after the rows that name them.
+    for model in (JobEventRow, TaskAttemptRow, TaskRow, JobMessageRow, JobLabelRow):
         session.execute(delete(model).where(model.job_id == job_id))
     session.execute(delete(JobRow).where(JobRow.id == job_id))
 
@@ -513,19 +571,24 @@ def history(
     out: dict[int, list[AttemptRecord]] = defaultdict(list)
     if not instance_ids:
         return out
-    rows = session.scalars(
-        select(TaskAttemptRow)
-        .where(TaskAttemptRow.job_id == job_id, TaskAttemptRow.instance_id.in_(instance_ids))
-        .order_by(TaskAttemptRow.instance_id, TaskAttemptRow.attempt)
+    rows = list(
+        session.scalars(
+            select(TaskAttemptRow)
+            .where(TaskAttemptRow.job_id == job_id, TaskAttemptRow.instance_id.in_(instance_ids))
+            .order_by(TaskAttemptRow.instance_id, TaskAttemptRow.attempt)
+        )
     )
+    texts = message_texts(session, (r.message_id for r in rows))
     for r in rows:
-        out[r.instance_id].append(_attempt_record(r))
+        out[r.instance_id].append(_attempt_record(r, texts))
     return out
 
 
 def task_record(session: Session, row: TaskRow) -> TaskRecord:
     return _task_record(
-        row, history(session, row.job_id, [row.instance_id]).get(row.instance_id, [])
+        row,
+        message_texts(session, [row.message_id]),
+        history(session, row.job_id, [row.instance_id]).get(row.instance_id, []),
     )
 
 
@@ -549,7 +612,8 @@ def list_tasks(
     more = len(rows) > page_size
     rows = rows[:page_size]
     past = history(session, job_id, [r.instance_id for r in rows])
-    tasks = [_task_record(r, past.get(r.instance_id, [])) for r in rows]
+    texts = message_texts(session, (r.message_id for r in rows))
+    tasks = [_task_record(r, texts, past.get(r.instance_id, [])) for r in rows]
     return tasks, encode_token([rows[-1].instance_id]) if more else ""
 
 
@@ -561,6 +625,8 @@ def set_task(session: Session, row: TaskRow, **values: Any) -> None:
     meanwhile that end up with the same values share one UPDATE. A gang's tasks moving through
     several states on one host are then one statement, where the ORM's flush wrote each task
     and each state (on psycopg2, one round trip per row)."""
+    if "message" in values and "message_id" not in values:
+        values = {**values, "message_id": None}  # its own message replaces a shared one
     pending: dict[tuple[str, int], _TaskWrite] = session.info.setdefault(_TASK_WRITES, {})
     write = pending.setdefault((row.job_id, row.instance_id), _TaskWrite())
     state = vars(row)
@@ -636,6 +702,12 @@ def _before_commit(session: Session) -> None:
 @event.listens_for(Session, "after_rollback")
 def _after_rollback(session: Session) -> None:
     session.info.pop(_TASK_WRITES, None)
+    session.info.pop(_SHARED_MESSAGES, None)
+
+
+@event.listens_for(Session, "after_commit")
+def _after_commit(session: Session) -> None:
+    session.info.pop(_SHARED_MESSAGES, None)
 
 
 def archive_attempt(session: Session, row: TaskRow) -> None:
@@ -657,6 +729,7 @@ def _insert_task_events(
     now: datetime,
     reason: str,
     message: str,
+    message_id: int | None,
     host: Any,
     attempt: Any,
 ) -> None:
@@ -671,6 +744,7 @@ def _insert_task_events(
                 "to_state",
                 "reason",
                 "message",
+                "message_id",
                 "host",
                 "attempt_id",
             ],
@@ -682,11 +756,22 @@ def _insert_task_events(
                 literal(to_state.value),
                 literal(reason),
                 literal(message),
+                literal(message_id, JobEventRow.message_id.type),
                 host,
                 attempt,
             ).where(where),
         )
     )
+
+
+def _message_of_many(
+    session: Session, job_id: str, message: str, moved: Mapping[TaskState, int]
+) -> tuple[str, int | None]:
+    """(message, message_id) for the rows of the tasks in ``moved``: a text that more than one
+    task gets is stored once and named; a single task holds its own."""
+    if not message or sum(moved.values()) < 2:
+        return message, None
+    return "", shared_message(session, job_id, message)
 
 
 def bulk_transition(
@@ -715,6 +800,7 @@ def bulk_transition(
     moved = _moved_by_state(session, where)
     if not moved:
         return moved
+    message, message_id = _message_of_many(session, job_id, message, moved)
     _insert_task_events(
         session,
         where,
@@ -722,6 +808,7 @@ def bulk_transition(
         now=now,
         reason=reason,
         message=message,
+        message_id=message_id,
         host=TaskRow.host,
         attempt=_attempt_id_sql(),
     )
@@ -730,6 +817,7 @@ def bulk_transition(
         "goal": goal.value,
         "reason": reason,
         "message": message,
+        "message_id": message_id,
         "updated_at": now,
         "version": TaskRow.version + 1,
     }
@@ -775,6 +863,7 @@ def bulk_new_attempt(
     moved = _moved_by_state(session, where)
     if not moved:
         return moved
+    message, message_id = _message_of_many(session, job_id, message, moved)
     session.execute(
         insert(TaskAttemptRow).from_select(
             list(_ATTEMPT_COLUMNS), select(*(_TASKS.c[c] for c in _ATTEMPT_COLUMNS)).where(where)
@@ -787,6 +876,7 @@ def bulk_new_attempt(
         now=now,
         reason=reason,
         message=message,
+        message_id=message_id,
         host=literal(""),
         attempt=_next_attempt_id_sql(),
     )
@@ -797,6 +887,7 @@ def bulk_new_attempt(
         **UNPLACED,
         "reason": reason,
         "message": message,
+        "message_id": message_id,
         "started_at": None,
         "ended_at": None,
         "updated_at": now,
@@ -814,7 +905,7 @@ def bulk_new_attempt(
 def insert_events(session: Session, events: Sequence[Mapping[str, Any]]) -> None:
     if not events:
         return
-    defaults = {"reason": "", "message": "", "host": "", "attempt_id": ""}
+    defaults = {"reason": "", "message": "", "message_id": None, "host": "", "attempt_id": ""}
     session.execute(insert(_EVENTS), [{**defaults, **e} for e in events])
 
 
@@ -829,5 +920,32 @@ def events(
     query = select(JobEventRow).where(JobEventRow.job_id == job_id, JobEventRow.id > after)
     if instance_id is not None:
         query = query.where(JobEventRow.instance_id == instance_id)
-    rows = session.scalars(query.order_by(JobEventRow.id).limit(limit))
-    return [_event_record(r) for r in rows]
+    rows = list(session.scalars(query.order_by(JobEventRow.id).limit(limit)))
+    texts = message_texts(session, (r.message_id for r in rows))
+    return [_event_record(r, texts) for r in rows]
+
+
+def newest_task_events(
+    session: Session, job_id: str, instance_id: int, limit: int
+) -> tuple[list[EventRecord], int]:
+    """The newest ``limit`` events of a task, oldest first, and how many older ones there are
+    besides."""
+    where = and_(JobEventRow.job_id == job_id, JobEventRow.instance_id == instance_id)
+    rows = list(
+        session.scalars(
+            select(JobEventRow).where(where).order_by(JobEventRow.id.desc()).limit(limit)
+        )
+    )
+    rows.reverse()
+    older = 0
+    if len(rows) == limit:
+        older = int(
+            session.scalar(
+                select(func.count())
+                .select_from(JobEventRow)
+                .where(where, JobEventRow.id < rows[0].id)
+            )
+            or 0
+        )
+    texts = message_texts(session, (r.message_id for r in rows))
+    return [_event_record(r, texts) for r in rows], older

@@ -5,6 +5,10 @@ Design notes:
   one starts, so creating a 100,000-task job writes one row per task and nothing more.
 - ``job_events`` is append-only: every state change writes one row in the same transaction.
 - ``version`` columns give optimistic concurrency: every UPDATE names the version it read.
+- A message that many tasks share (a KillJob's, a restart's, a preemption's) is stored once, in
+  ``job_messages``; the task rows, ended attempts and events it applies to name it by
+  ``message_id`` and leave their own ``message`` empty. Reads resolve the ids of a page in one
+  query (``peloton.storage.jobs``), so the API shows each its text as if it held it.
 """
 
 from __future__ import annotations
@@ -131,6 +135,8 @@ class TaskRow(Base):
     executor_id: Mapped[str] = mapped_column(String(255), default="", server_default="")
     reason: Mapped[str] = mapped_column(String(64), default="")
     message: Mapped[str] = mapped_column(Text, default="")
+    # Set: the message is job_messages' row of that id (``message`` is then "").
+    message_id: Mapped[int | None] = mapped_column(EventId, nullable=True)
     failures: Mapped[int] = mapped_column(Integer, default=0)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
@@ -157,6 +163,8 @@ class TaskAttemptRow(Base):
     executor_id: Mapped[str] = mapped_column(String(255), default="", server_default="")
     reason: Mapped[str] = mapped_column(String(64), default="")
     message: Mapped[str] = mapped_column(Text, default="")
+    # Set: the message is job_messages' row of that id (``message`` is then "").
+    message_id: Mapped[int | None] = mapped_column(EventId, nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
@@ -177,10 +185,31 @@ class JobEventRow(Base):
     to_state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(String(64), default="")
     message: Mapped[str] = mapped_column(Text, default="")
+    # Set: the message is job_messages' row of that id (``message`` is then "").
+    message_id: Mapped[int | None] = mapped_column(EventId, nullable=True)
     host: Mapped[str] = mapped_column(String(255), default="")
     attempt_id: Mapped[str] = mapped_column(String(64), default="")
 
     __table_args__ = (Index("ix_job_events_job_instance", "job_id", "instance_id", "id"),)
+
+
+class JobMessageRow(Base):
+    """A message that many of a job's tasks share, stored once: a job-wide action's (KillJob,
+    RestartJob, a preemption, a gang restart) instead of a copy in every task row and event.
+
+    Referenced by ``message_id`` of tasks, task_attempts and job_events, with no foreign key:
+    PostgreSQL would check every reference of a deleted row by scanning those tables (the
+    references are not indexed). The rows go with their job (ON DELETE CASCADE, or
+    ``delete_job``), after the rows that name them.
+    """
+
+    __tablename__ = "job_messages"
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    text: Mapped[str] = mapped_column(Text)
 
 
 class PoolRow(Base):

@@ -882,19 +882,27 @@ class GetTaskResponse(_message.Message):
 
     TASK_FIELD_NUMBER: _builtins.int
     EVENTS_FIELD_NUMBER: _builtins.int
+    EVENTS_OMITTED_FIELD_NUMBER: _builtins.int
+    events_omitted: _builtins.int
+    """How many older events of the task the answer leaves out (0: events holds them all)."""
     @_builtins.property
     def task(self) -> Global___Task: ...
     @_builtins.property
-    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobEvent]: ...
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobEvent]:
+        """The task's newest events, oldest first: as many as fit in 3 MiB (with the task), so that a
+        default client (4 MiB) can read any task.
+        """
+
     def __init__(
         self,
         *,
         task: Global___Task | None = ...,
         events: _abc.Iterable[Global___JobEvent] | None = ...,
+        events_omitted: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "events_omitted", b"events_omitted", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
