@@ -36,8 +36,11 @@ class ServerConfig:
     # Address and port of the Prometheus /metrics endpoint.
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9392
-    # Threads serving RPCs.
+    # Threads serving unary RPCs (WatchJob streams wait on the event loop and hold none).
     grpc_workers: int = 32
+    # Open WatchJob streams allowed in all and per client address; beyond: RESOURCE_EXHAUSTED.
+    max_watches: int = 10_000
+    max_watches_per_client: int = 2_000
     # Seconds in-flight RPCs may take to finish on SIGTERM.
     shutdown_grace_seconds: float = 10.0
     # Logging: debug, info, warning, error; json or text.

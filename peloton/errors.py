@@ -34,3 +34,7 @@ class Conflict(PelotonError):
 
 class Unavailable(PelotonError):
     """A dependency (database, Mesos) cannot be reached now."""
+
+
+class ResourceExhausted(PelotonError):
+    """A per-client or server-wide quota (e.g. open watches) is used up; retry later."""

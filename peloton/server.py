@@ -5,20 +5,18 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from concurrent import futures
 from datetime import UTC, datetime
 from types import FrameType
 from typing import TYPE_CHECKING
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health_pb2
 from sqlalchemy.engine import make_url
 
+from peloton.api.grpc_server import GrpcServer, ServingStatus
 from peloton.api.host_service import HostService
-from peloton.api.interceptor import ServiceInterceptor
 from peloton.api.job_service import JobService
 from peloton.api.pool_service import PoolService
+from peloton.api.watches import WatchQuotas
 from peloton.config import ServerConfig
 from peloton.errors import Unavailable
 from peloton.hostmgr.hosts import HostRegistry
@@ -73,8 +71,7 @@ class Server:
         self.launcher: Launcher | None = None
         self.grpc_port = 0
         self.metrics_port = 0
-        self._grpc: grpc.Server | None = None
-        self._health = health.HealthServicer()
+        self._grpc: GrpcServer | None = None
         self._probe: DatabaseProbe | None = None
         self._metrics_http: object | None = None
         self._stopped = threading.Event()
@@ -101,28 +98,25 @@ class Server:
         self._build_hosts(db, self.jobs, self.resmgr)
         self._register_state_gauges(db)
 
-        self._grpc = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=self.config.grpc_workers, thread_name_prefix="grpc"
-            ),
-            interceptors=[ServiceInterceptor(self.metrics)],
-            options=[("grpc.so_reuseport", 0)],
+        self._grpc = GrpcServer(
+            self.metrics,
+            self.config.grpc_workers,
+            WatchQuotas(self.config.max_watches, self.config.max_watches_per_client),
+            self.jobs.jobs_changed_after,
+            self.jobs.newest_event,
         )
-        job_pb2_grpc.add_JobServiceServicer_to_server(JobService(self.jobs), self._grpc)
-        pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolService(self.resmgr), self._grpc)
+        self.jobs.events.subscribe(self._grpc.watches.publish)
+        server = self._grpc.server
+        job_pb2_grpc.add_JobServiceServicer_to_server(
+            JobService(self.jobs, self._grpc.watches), server
+        )
+        pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolService(self.resmgr), server)
         assert self.hosts is not None
         host_pb2_grpc.add_HostServiceServicer_to_server(
-            HostService(self.hosts, self.jobs, self.hostmgr), self._grpc
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc
+            HostService(self.hosts, self.jobs, self.hostmgr), server
         )
         address = f"{self.config.grpc_host}:{self.config.grpc_port}"
-        try:
-            self.grpc_port = self._grpc.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise Unavailable(f"cannot listen on {address}: {exc}") from exc
+        self.grpc_port = self._grpc.bind(address, SERVICE_NAMES)
         metrics_address = f"{self.config.metrics_host}:{self.config.metrics_port}"
         try:
             http = self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
@@ -155,9 +149,9 @@ class Server:
         if not self.config.mesos_master:
             log.warning("no Mesos master configured (mesos_master): jobs wait, nothing launches")
 
-    def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
-        for name in ("", *SERVICE_NAMES):
-            self._health.set(name, status)
+    def _set_health(self, status: ServingStatus) -> None:
+        assert self._grpc is not None
+        self._grpc.set_health(("", *SERVICE_NAMES), status)
 
     def _on_probe(self, reason: str) -> None:
         """The database stopped or started answering the probe (``reason``: why not)."""
@@ -242,12 +236,12 @@ class Server:
         started = self._started
         if started:
             log.info("peloton server stopping", extra={"grace_seconds": grace})
-        self._health.enter_graceful_shutdown()
         if self.jobs is not None:
-            self.jobs.events.close()  # ends WatchJob streams cleanly
+            self.jobs.events.close()
         if self._grpc is not None:
-            # RPCs still running after grace are cancelled, and their queries with them.
-            self._grpc.stop(grace).wait()
+            # Ends the watches; RPCs still running after grace are cancelled, and their
+            # queries with them.
+            self._grpc.stop(grace)
         if self._probe is not None:
             self._probe.stop()
         if self.db is not None:

@@ -93,11 +93,12 @@ TEST_POOLS = ("/research", "/research/vision", "/research/nlp", "/vision", "/nlp
 
 @contextmanager
 def in_process_server(
-    db_url: str, data_dir: Path, pools: Sequence[str] = TEST_POOLS
+    db_url: str, data_dir: Path, pools: Sequence[str] = TEST_POOLS, **options: Any
 ) -> Iterator[Server]:
-    """A started daemon on loopback (ports picked by the OS) with ``pools`` (no reservations),
-    stopped when the block ends."""
-    server = Server(ServerConfig(db_url=db_url, grpc_port=0, metrics_port=0, data_dir=data_dir))
+    """A started daemon on loopback (ports picked by the OS) with ``pools`` (no reservations)
+    and config ``options``, stopped when the block ends."""
+    config = ServerConfig(db_url=db_url, grpc_port=0, metrics_port=0, data_dir=data_dir, **options)
+    server = Server(config)
     server.start()
     try:
         assert server.resmgr is not None

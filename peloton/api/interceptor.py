@@ -9,11 +9,15 @@ traceback for each, so any client could fill the log).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
@@ -22,10 +26,14 @@ from sqlalchemy.exc import OperationalError
 
 from peloton import errors
 from peloton.api import limits
+from peloton.api.peers import client_of
 from peloton.metrics import Metrics
-from peloton.storage.deadline import rpc_scope
+from peloton.storage.deadline import RpcScope, scoped
 
 log = logging.getLogger(__name__)
+
+# The server's context, whatever the request and response types.
+Context = grpc.aio.ServicerContext[Any, Any]
 
 CODES: dict[type[errors.PelotonError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -34,6 +42,7 @@ CODES: dict[type[errors.PelotonError], grpc.StatusCode] = {
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.Conflict: grpc.StatusCode.ABORTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -77,8 +86,7 @@ class MalformedLog:
         self._seen: dict[str, tuple[float, int]] = {}
 
     def record(self, peer: str, method: str, error: errors.InvalidArgument) -> None:
-        # The port changes with every connection; the address names the client.
-        client = peer.rsplit(":", 1)[0]
+        client = client_of(peer)
         now = time.monotonic()
         with self._lock:
             last, unlogged = self._seen.get(client, (-self._interval, 0))
@@ -101,15 +109,20 @@ def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal error; see the server log"
 
 
-class ServiceInterceptor(grpc.ServerInterceptor):
-    def __init__(self, metrics: Metrics) -> None:
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every handler of the (asyncio) server. Synchronous handlers, the services' unary
+    RPCs, run on ``executor`` under an :class:`RpcScope` bounded by the client's deadline, so
+    that the event loop only ever waits; asynchronous ones (WatchJob, health) run on the loop."""
+
+    def __init__(self, metrics: Metrics, executor: Executor) -> None:
         self._metrics = metrics
+        self._executor = executor
         self._malformed = MalformedLog()
 
-    def intercept_service(
-        self, continuation: Callable[[Any], Any], handler_call_details: Any
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
     ) -> Any:
-        handler = continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method.rsplit("/", 1)[-1]
@@ -131,9 +144,7 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         self._metrics.grpc_requests.labels(method, code.name).inc()
         self._metrics.grpc_seconds.labels(method).observe(time.perf_counter() - started)
 
-    def _fail(
-        self, method: str, exc: Exception, context: grpc.ServicerContext, started: float
-    ) -> None:
+    async def _fail(self, method: str, exc: Exception, context: Context, started: float) -> None:
         """Count the failure and end the RPC with its status (context.abort raises)."""
         code, message = _status(exc)
         if code == grpc.StatusCode.INTERNAL:
@@ -141,52 +152,93 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         else:
             log.info("rpc rejected", extra={"method": method, "code": code.name, "error": message})
         self._finish(method, code, started)
-        context.abort(code, message)
+        await context.abort(code, message)
 
-    def _refuse_malformed(
-        self, method: str, request: Malformed, context: grpc.ServicerContext, started: float
-    ) -> None:
-        """End the RPC with INVALID_ARGUMENT, logged by :class:`MalformedLog` alone."""
-        error = limits.check_malformed(request.message_class, request.data)
-        self._malformed.record(context.peer(), method, error)
-        self._finish(method, grpc.StatusCode.INVALID_ARGUMENT, started)
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+    async def _check(self, method: str, request: Any, context: Context, started: float) -> None:
+        """Refuse a request the edge rejects: malformed bytes (logged by :class:`MalformedLog`
+        alone) or a field out of bounds."""
+        if isinstance(request, Malformed):
+            error = limits.check_malformed(request.message_class, request.data)
+            self._malformed.record(context.peer(), method, error)
+            self._finish(method, grpc.StatusCode.INVALID_ARGUMENT, started)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        try:
+            limits.check_request(request)
+        except errors.InvalidArgument as exc:
+            await self._fail(method, exc, context, started)
 
-    def _unary(self, method: str, behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-        def run(request: Any, context: grpc.ServicerContext) -> Any:
+    def _aborted(self, method: str, context: Context, started: float) -> None:
+        """The handler ended the RPC itself (health's NOT_FOUND): count what it answered."""
+        code = context.code()
+        self._finish(method, code if isinstance(code, grpc.StatusCode) else _UNKNOWN, started)
+
+    def _unary(
+        self, method: str, behavior: Callable[[Any, Any], Any]
+    ) -> Callable[[Any, Context], Awaitable[Any]]:
+        asynchronous = inspect.iscoroutinefunction(behavior)
+
+        async def run(request: Any, context: Context) -> Any:
             started = time.perf_counter()
-            if isinstance(request, Malformed):
-                self._refuse_malformed(method, request, context, started)
+            await self._check(method, request, context, started)
+            # The database work is bounded by the client's deadline, and cut if the RPC ends
+            # (cancelled, past its deadline: the server cancels this coroutine) before it does.
+            scope = RpcScope(context.time_remaining())
             try:
-                limits.check_request(request)
-                # The database work is bounded by the client's deadline, and cut if the RPC
-                # ends (cancelled, past its deadline) before it does.
-                with rpc_scope(context):
-                    response = behavior(request, context)
+                if asynchronous:
+                    response = await behavior(request, context)
+                else:
+                    call = partial(_in_scope, scope, behavior, request, context)
+                    response = await asyncio.get_running_loop().run_in_executor(
+                        self._executor, call
+                    )
+            except asyncio.CancelledError:
+                self._finish(method, grpc.StatusCode.CANCELLED, started)
+                raise
+            except grpc.aio.AbortError:
+                self._aborted(method, context, started)
+                raise
             except Exception as exc:
-                self._fail(method, exc, context, started)
+                await self._fail(method, exc, context, started)
+            finally:
+                scope.end()
             self._finish(method, grpc.StatusCode.OK, started)
             return response
 
         return run
 
     def _stream(
-        self, method: str, behavior: Callable[[Any, Any], Iterator[Any]]
-    ) -> Callable[[Any, Any], Iterator[Any]]:
-        def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        self, method: str, behavior: Callable[[Any, Any], AsyncIterator[Any]]
+    ) -> Callable[[Any, Context], AsyncIterator[Any]]:
+        if not inspect.isasyncgenfunction(behavior):
+            # A synchronous stream would hold a worker thread for as long as it is open.
+            raise TypeError(f"{method}: streaming handlers must be async generators")
+
+        async def run(request: Any, context: Context) -> AsyncIterator[Any]:
             started = time.perf_counter()
-            if isinstance(request, Malformed):
-                self._refuse_malformed(method, request, context, started)
+            await self._check(method, request, context, started)
             try:
-                limits.check_request(request)
-                yield from behavior(request, context)
-            except GeneratorExit:
+                async for response in behavior(request, context):
+                    yield response
+            except (asyncio.CancelledError, GeneratorExit):
                 # The client went away (or the server is stopping) mid-stream.
                 self._finish(method, grpc.StatusCode.CANCELLED, started)
                 raise
+            except grpc.aio.AbortError:
+                self._aborted(method, context, started)
+                raise
             except Exception as exc:
-                self._fail(method, exc, context, started)
-            code = grpc.StatusCode.OK if context.is_active() else grpc.StatusCode.CANCELLED
-            self._finish(method, code, started)
+                await self._fail(method, exc, context, started)
+            self._finish(method, grpc.StatusCode.OK, started)
 
         return run
+
+
+_UNKNOWN = grpc.StatusCode.UNKNOWN
+
+
+def _in_scope(
+    scope: RpcScope, behavior: Callable[[Any, Any], Any], request: Any, context: Any
+) -> Any:
+    """Run a synchronous handler on a worker thread, its database work under ``scope``."""
+    with scoped(scope):
+        return behavior(request, context)

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
+from functools import partial
 
 import grpc
 
 from peloton.api import convert
+from peloton.api.interceptor import Context
+from peloton.api.watches import WatchHub
 from peloton.errors import InvalidArgument
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import EventRecord, JobFilter, TaskRecord
+from peloton.jobmgr.records import EventRecord, JobFilter, JobRecord, TaskRecord
 from peloton.jobmgr.states import JOB_TERMINAL, JobState
 from peloton.storage.jobs import encode_token
 from peloton.v1 import job_pb2, job_pb2_grpc
 
-# How long a watcher sleeps when nothing is published (another daemon may write the database).
-WATCH_POLL_SECONDS = 1.0
 # Most bytes of tasks in one ListTasks page: a default gRPC client receives at most 4 MiB, and
 # 10,000 tasks with a long kill message would be more.
 LIST_TASKS_BUDGET = 3 * 1024 * 1024
@@ -25,8 +26,9 @@ GET_TASK_BUDGET = 3 * 1024 * 1024
 
 
 class JobService(job_pb2_grpc.JobServiceServicer):
-    def __init__(self, jobs: JobManager) -> None:
+    def __init__(self, jobs: JobManager, watches: WatchHub) -> None:
         self._jobs = jobs
+        self._watches = watches
 
     def CreateJob(
         self, request: job_pb2.CreateJobRequest, context: grpc.ServicerContext
@@ -88,37 +90,49 @@ class JobService(job_pb2_grpc.JobServiceServicer):
         )
         return _task_page(tasks, token)
 
-    def WatchJob(
-        self, request: job_pb2.WatchJobRequest, context: grpc.ServicerContext
-    ) -> Iterator[job_pb2.WatchJobResponse]:
+    async def WatchJob(
+        self, request: job_pb2.WatchJobRequest, context: Context
+    ) -> AsyncIterator[job_pb2.WatchJobResponse]:
         """Send the job's events after ``after_sequence`` as they are committed; end once the
-        job is terminal and every event up to then was sent, or when the server shuts down."""
+        job is terminal and every event up to then was sent, or when the server shuts down.
+
+        A coroutine on the server's loop (see :mod:`peloton.api.watches`): it holds no worker
+        thread while it waits, only while it reads."""
         job_id = _job_id(request)
         last = request.after_sequence
-        bus = self._jobs.events
+        hub = self._watches
         # The job's state as of the last event sent: a job event carries it (its to_state); a
         # task event leaves it as it was. Reading it from the job instead would race with the
         # events: a job read before a batch that ends it would label its final event RUNNING.
         state: JobState | None = None
-        while context.is_active():
-            seen = bus.generation()
-            job = self._jobs.get_job(job_id)
-            if state is None:
-                # Resuming mid-history: the best known state until the next job event.
-                state = job.state
-            batch = self._jobs.job_events(job_id, after=last)
-            for event in batch:
-                if event.instance_id is None:
-                    state = JobState(event.to_state)
-                yield job_pb2.WatchJobResponse(
-                    event=convert.event_pb(event), job_state=convert.job_state_pb(state)
-                )
-                last = event.sequence
-            if batch:
-                continue
-            if job.state in JOB_TERMINAL or bus.closed:
-                return
-            bus.wait(seen, WATCH_POLL_SECONDS)
+        with hub.open(job_id, context.peer()) as watch:
+            while True:
+                # Noted before reading: a change committed meanwhile wakes us again.
+                watch.changed.clear()
+                seen = hub.wakes(job_id)
+                read = partial(self._job_and_events, job_id, last)
+                job, batch = await hub.read_shared(job_id, last, seen, read)
+                if state is None:
+                    # Resuming mid-history: the best known state until the next job event.
+                    state = job.state
+                for event in batch:
+                    if event.instance_id is None:
+                        state = JobState(event.to_state)
+                    yield job_pb2.WatchJobResponse(
+                        event=convert.event_pb(event), job_state=convert.job_state_pb(state)
+                    )
+                    last = event.sequence
+                if batch:
+                    continue
+                if job.state in JOB_TERMINAL or hub.closed:
+                    return
+                await watch.changed.wait()
+
+    def _job_and_events(self, job_id: str, after: int) -> tuple[JobRecord, list[EventRecord]]:
+        """The job as it is and its events after ``after``: the job read first, so that a job
+        seen terminal has all its events in the batch or the next."""
+        job = self._jobs.get_job(job_id)
+        return job, self._jobs.job_events(job_id, after=after)
 
 
 def _task_page(tasks: list[TaskRecord], token: str) -> job_pb2.ListTasksResponse:

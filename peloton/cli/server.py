@@ -96,7 +96,23 @@ def database_options(f: F) -> F:
     default=_DEFAULTS.grpc_workers,
     envvar="PELOTON_GRPC_WORKERS",
     show_default=True,
-    help="Threads serving RPCs.",
+    help="Threads serving unary RPCs (open watches hold none).",
+)
+@click.option(
+    "--max-watches",
+    type=click.IntRange(1),
+    default=_DEFAULTS.max_watches,
+    envvar="PELOTON_MAX_WATCHES",
+    show_default=True,
+    help="Open WatchJob streams allowed in all; beyond: RESOURCE_EXHAUSTED.",
+)
+@click.option(
+    "--max-watches-per-client",
+    type=click.IntRange(1),
+    default=_DEFAULTS.max_watches_per_client,
+    envvar="PELOTON_MAX_WATCHES_PER_CLIENT",
+    show_default=True,
+    help="Open WatchJob streams allowed per client address; beyond: RESOURCE_EXHAUSTED.",
 )
 @click.option(
     "--shutdown-grace-seconds",

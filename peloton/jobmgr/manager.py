@@ -233,6 +233,17 @@ class JobManager:
             self._require_job(session, job_id)
             return repo.events(session, job_id, after=after, limit=limit)
 
+    def newest_event(self) -> int:
+        """The sequence of the newest event of any job (0: none yet)."""
+        with self._db.reading() as session:
+            return repo.newest_event(session)
+
+    def jobs_changed_after(self, sequence: int) -> tuple[int, set[str]]:
+        """The newest event's sequence and the jobs with events after ``sequence``, whichever
+        daemon wrote them."""
+        with self._db.reading() as session:
+            return repo.jobs_with_events_after(session, sequence)
+
     @staticmethod
     def _require_job(session: Session, job_id: str) -> None:
         if session.get(JobRow, job_id) is None:

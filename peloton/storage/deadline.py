@@ -1,7 +1,7 @@
 """Time budgets for database work, carried in context variables so that no caller passes them.
 
-The API interceptor opens an :func:`rpc_scope` around each unary RPC: it knows the client's
-deadline, and ends when the RPC ends, however it ends. :class:`peloton.storage.db.Database` reads
+The API interceptor runs each unary RPC under an :class:`RpcScope`: it knows the client's
+deadline, and ends it when the RPC ends, however it ends. :class:`peloton.storage.db.Database` reads
 the scope to bound each transaction (statement timeout, pool checkout, the driver's waits) and
 registers the connections it uses with it, so that an RPC the client cancelled, or whose deadline
 passed, cuts the connection its query runs on instead of letting the query run on.
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 # The share of an RPC's remaining time kept back to answer it (and at most this many seconds),
 # so that the client hears UNAVAILABLE from us rather than its own DEADLINE_EXCEEDED.
@@ -24,14 +24,6 @@ ANSWER_RESERVE_MAX_SECONDS = 0.5
 
 
 T = TypeVar("T")
-
-
-class RpcContext(Protocol):
-    """The part of ``grpc.ServicerContext`` a scope needs."""
-
-    def time_remaining(self) -> float | None: ...
-
-    def add_callback(self, callback: Callable[[], None]) -> bool: ...
 
 
 class RpcScope:
@@ -92,15 +84,6 @@ def _set(var: ContextVar[T | None], value: T) -> Iterator[T]:
 def scoped(scope: RpcScope) -> AbstractContextManager[RpcScope]:
     """Run the block's database work under ``scope``."""
     return _set(_scope, scope)
-
-
-@contextmanager
-def rpc_scope(context: RpcContext) -> Iterator[RpcScope]:
-    """The scope of one RPC: its deadline from ``context``, ended when the RPC terminates."""
-    scope = RpcScope(context.time_remaining())
-    context.add_callback(scope.end)
-    with scoped(scope):
-        yield scope
 
 
 @dataclass(frozen=True)

@@ -949,3 +949,19 @@ def newest_task_events(
         )
     texts = message_texts(session, (r.message_id for r in rows))
     return [_event_record(r, texts) for r in rows], older
+
+
+def jobs_with_events_after(session: Session, after: int) -> tuple[int, set[str]]:
+    """The newest event's sequence (``after`` when there is none newer) and the jobs with
+    events newer than ``after``: one query however many jobs are watched."""
+    rows = session.execute(
+        select(JobEventRow.job_id, func.max(JobEventRow.id))
+        .where(JobEventRow.id > after)
+        .group_by(JobEventRow.job_id)
+    ).all()
+    return max((newest for _, newest in rows), default=after), {job_id for job_id, _ in rows}
+
+
+def newest_event(session: Session) -> int:
+    """The sequence of the newest event of any job (0: none)."""
+    return session.scalar(select(func.coalesce(func.max(JobEventRow.id), 0))) or 0
