@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 from daemon import address, in_process_server
+from google.protobuf import message_factory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import make_spec
@@ -40,6 +41,12 @@ def server(db_url: str, tmp_path: Path) -> Iterator[Server]:
 def channel(server: Server) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(address(server.grpc_port)) as c:
         yield c
+
+
+@pytest.fixture
+def job_id(client: PelotonClient) -> str:
+    """A pending job of two tasks."""
+    return client.create_job(make_spec(2)).job_id
 
 
 @pytest.fixture
@@ -274,3 +281,129 @@ def test_fuzzed_strings_never_cause_an_internal_error(
     path, data, streaming = request
     code = call_raw(channel, path, data, streaming)
     assert code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), request
+
+
+# Values a field may take: the edges of its type, not only the plausible ones.
+INTS = {
+    "int32": st.integers(-(2**31), 2**31 - 1),
+    "int64": st.integers(-(2**63), 2**63 - 1),
+    "uint32": st.integers(0, 2**32 - 1),
+    "uint64": st.integers(0, 2**64 - 1),
+}
+FLOATS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=32), st.sampled_from([0.0, -1.0, 1e300])
+)
+TEXT = st.one_of(st.text(max_size=12), st.text(max_size=4).map(lambda s: s + "\x00"))
+# Names of objects that exist, so that fuzzed requests also reach existing jobs and pools, not
+# only NOT_FOUND ("<job>" stands for the job the test creates).
+KNOWN: dict[str, list[str]] = {
+    "job_id": ["<job>"],
+    "path": ["/", "/research"],
+    "pool": ["/research"],
+}
+
+
+def field_values(field: Any, depth: int) -> st.SearchStrategy[Any] | None:
+    """Values for one (non-repeated) field; None: leave it unset (a message too deep)."""
+    t = field.type
+    if t == field.TYPE_MESSAGE:
+        return messages(field.message_type, depth + 1) if depth < 3 else None
+    if t == field.TYPE_STRING:
+        known = KNOWN.get(field.name, [])
+        return st.one_of(TEXT, st.sampled_from(known)) if known else TEXT
+    if t == field.TYPE_BYTES:
+        return st.binary(max_size=8)
+    if t == field.TYPE_BOOL:
+        return st.booleans()
+    if t in (field.TYPE_FLOAT, field.TYPE_DOUBLE):
+        return FLOATS
+    if t == field.TYPE_ENUM:
+        # Unknown numbers included: a newer client may send them.
+        return st.one_of(st.sampled_from([v.number for v in field.enum_type.values]), INTS["int32"])
+    kind = {
+        field.TYPE_INT32: "int32",
+        field.TYPE_SINT32: "int32",
+        field.TYPE_SFIXED32: "int32",
+        field.TYPE_INT64: "int64",
+        field.TYPE_SINT64: "int64",
+        field.TYPE_SFIXED64: "int64",
+        field.TYPE_UINT32: "uint32",
+        field.TYPE_FIXED32: "uint32",
+    }.get(t, "uint64")
+    return INTS[kind]
+
+
+def messages(descriptor: Any, depth: int = 0) -> st.SearchStrategy[dict[str, Any]]:
+    """Every field of ``descriptor`` set or not, to values of its whole range (as a dict that
+    ``json_format.ParseDict``-like filling below turns into the message)."""
+    parts: dict[str, st.SearchStrategy[Any]] = {}
+    for field in descriptor.fields:
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            key, value = (
+                field.message_type.fields_by_name["key"],
+                field.message_type.fields_by_name["value"],
+            )
+            keys, values = field_values(key, depth), field_values(value, depth)
+            if keys is not None and values is not None:
+                parts[field.name] = st.dictionaries(keys, values, max_size=3)
+            continue
+        values = field_values(field, depth)
+        if values is None:
+            continue
+        parts[field.name] = st.lists(values, max_size=3) if field.is_repeated else values
+    return st.fixed_dictionaries({}, optional=parts)
+
+
+def fill(message: Any, values: dict[str, Any], job_id: str) -> None:
+    """Set ``values`` (from :func:`messages`) on ``message``, "<job>" made ``job_id``."""
+    for name, value in values.items():
+        field = message.DESCRIPTOR.fields_by_name[name]
+        target = getattr(message, name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            for k, v in value.items():
+                if field.message_type.fields_by_name["value"].message_type is not None:
+                    fill(target[k], v, job_id)
+                else:
+                    target[k] = v
+        elif field.is_repeated:
+            for item in value:
+                if field.message_type is not None:
+                    fill(target.add(), item, job_id)
+                else:
+                    target.append(item)
+        elif field.message_type is not None:
+            target.SetInParent()
+            fill(target, value, job_id)
+        else:
+            setattr(message, name, job_id if value == "<job>" else value)
+
+
+@st.composite
+def any_requests(draw: st.DrawFn) -> tuple[str, Any, dict[str, Any], bool]:
+    path, descriptor, streaming = draw(st.sampled_from(RPCS))
+    return path, descriptor, draw(messages(descriptor)), streaming
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(request=any_requests())
+def test_fuzzed_requests_of_every_rpc_and_field_never_cause_an_internal_error(
+    job_id: str, channel: grpc.Channel, request: tuple[str, Any, dict[str, Any], bool]
+) -> None:
+    path, descriptor, values, streaming = request
+    message = message_factory.GetMessageClass(descriptor)()
+    fill(message, values, job_id)
+    data = message.SerializeToString()
+    try:
+        if streaming:
+            # A watch of a live job runs until the job ends: its first answers are enough.
+            for _ in channel.unary_stream(path)(data, timeout=0.5):
+                pass
+        else:
+            channel.unary_unary(path)(data, timeout=10)
+    except grpc.RpcError as exc:
+        code = exc.code()
+        assert code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), (request, exc)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            assert streaming, (request, exc)
