@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <cstdio>
 #include <sstream>
 
 namespace peloton {
@@ -62,6 +63,12 @@ std::string ranks_str(const std::vector<int>& ranks) {
   for (size_t i = 0; i < ranks.size(); ++i) s << (i ? ", " : "") << ranks[i];
   s << "]";
   return s.str();
+}
+
+std::string seconds_str(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(ms.count()) / 1000.0);
+  return buf;
 }
 
 }  // namespace peloton

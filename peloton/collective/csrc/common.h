@@ -35,5 +35,7 @@ using Clock = std::chrono::steady_clock;
 
 std::string shape_str(const std::vector<int64_t>& shape);
 std::string ranks_str(const std::vector<int>& ranks);
+// "2.5 s": a duration as the runtime's messages write it.
+std::string seconds_str(std::chrono::milliseconds ms);
 
 }  // namespace peloton

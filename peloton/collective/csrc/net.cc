@@ -174,12 +174,6 @@ void recv_all(int fd, void* buf, size_t len, Clock::time_point deadline, int pee
   }
 }
 
-void Reader::raw(void* p, size_t n) {
-  if (pos_ + n > buf_.size()) throw CollectiveError("malformed control message");
-  std::memcpy(p, buf_.data() + pos_, n);
-  pos_ += n;
-}
-
 void send_message(int fd, uint8_t type, const Writer& w, Clock::time_point deadline, int peer) {
   std::vector<char> frame(5 + w.bytes().size());
   const uint32_t len = static_cast<uint32_t>(w.bytes().size());

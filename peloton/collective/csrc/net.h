@@ -1,4 +1,5 @@
-// TCP plumbing: listening, connecting with retries, tuned non-blocking sockets, framed messages.
+// TCP plumbing: listening, connecting with retries, tuned non-blocking sockets, framed messages
+// (their payloads are written and read with wire.h).
 #pragma once
 
 #include <cstdint>
@@ -6,6 +7,7 @@
 #include <vector>
 
 #include "common.h"
+#include "wire.h"
 
 namespace peloton {
 
@@ -25,45 +27,6 @@ void tune_socket(int fd);
 // Whole-buffer send/receive on a non-blocking socket; PeerError on close, reset or deadline.
 void send_all(int fd, const void* buf, size_t len, Clock::time_point deadline, int peer);
 void recv_all(int fd, void* buf, size_t len, Clock::time_point deadline, int peer);
-
-// Little serialiser for control messages (both ends are this same build).
-class Writer {
- public:
-  void u8(uint8_t v) { raw(&v, 1); }
-  void u32(uint32_t v) { raw(&v, 4); }
-  void i64(int64_t v) { raw(&v, 8); }
-  void str(const std::string& s) {
-    u32(static_cast<uint32_t>(s.size()));
-    raw(s.data(), s.size());
-  }
-  void raw(const void* p, size_t n) {
-    const auto* c = static_cast<const char*>(p);
-    buf_.insert(buf_.end(), c, c + n);
-  }
-  const std::vector<char>& bytes() const { return buf_; }
-
- private:
-  std::vector<char> buf_;
-};
-
-class Reader {
- public:
-  explicit Reader(const std::vector<char>& b) : buf_(b) {}
-  uint8_t u8() { uint8_t v; raw(&v, 1); return v; }
-  uint32_t u32() { uint32_t v; raw(&v, 4); return v; }
-  int64_t i64() { int64_t v; raw(&v, 8); return v; }
-  std::string str() {
-    const uint32_t n = u32();
-    std::string s(n, '\0');
-    raw(s.data(), n);
-    return s;
-  }
-  void raw(void* p, size_t n);
-
- private:
-  const std::vector<char>& buf_;
-  size_t pos_ = 0;
-};
 
 // A control message: [u32 length][u8 type][payload].
 struct Message {

@@ -4,8 +4,12 @@
 #include <cstring>
 #include <fcntl.h>
 #include <new>
+#include <poll.h>
 #include <sys/mman.h>
+#include <thread>
 #include <unistd.h>
+#include <utility>
+#include <vector>
 
 #include "common.h"
 
@@ -52,6 +56,53 @@ LocalShm::~LocalShm() {
 void LocalShm::unlink() {
   if (owner_ && !name_.empty()) ::shm_unlink(name_.c_str());
   name_.clear();
+}
+
+ShmGroup::ShmGroup(std::unique_ptr<LocalShm> shm, int local_rank, int local_size, int first_rank,
+                   std::chrono::milliseconds timeout, Watch watch)
+    : shm_(std::move(shm)),
+      local_rank_(local_rank),
+      local_size_(local_size),
+      first_rank_(first_rank),
+      timeout_(timeout),
+      watch_(std::move(watch)) {}
+
+void ShmGroup::barrier() {
+  ++epoch_;
+  shm_->arrived(local_rank_).store(epoch_, std::memory_order_release);
+  const auto start = Clock::now();
+  for (uint64_t spin = 0;; ++spin) {
+    int missing = -1;
+    for (int i = 0; i < local_size_ && missing < 0; ++i) {
+      if (shm_->arrived(i).load(std::memory_order_acquire) < epoch_) missing = i;
+    }
+    if (missing < 0) return;
+    if (spin < 200) continue;
+    std::this_thread::yield();
+    if (spin % 64 != 0) continue;
+    std::vector<pollfd> fds;
+    std::vector<int> peers;
+    if (watch_.fds) {
+      for (const auto& [fd, peer] : watch_.fds()) {
+        fds.push_back({fd, POLLIN, 0});
+        peers.push_back(peer);
+      }
+    }
+    if (!fds.empty() && ::poll(fds.data(), fds.size(), 0) > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents) watch_.ready(peers[i]);
+      }
+    }
+    if (Clock::now() - start > timeout_) {
+      std::vector<int> late;
+      for (int i = 0; i < local_size_; ++i) {
+        if (shm_->arrived(i).load(std::memory_order_acquire) < epoch_) late.push_back(first_rank_ + i);
+      }
+      throw PeerError(late.empty() ? -1 : late[0], "ranks " + ranks_str(late) +
+                                                       " did not reach the shared-memory barrier within " +
+                                                       seconds_str(timeout_) + " (missing ranks " + ranks_str(late) + ")");
+    }
+  }
 }
 
 }  // namespace peloton
