@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -63,6 +64,11 @@ std::string ranks_str(const std::vector<int>& ranks) {
   for (size_t i = 0; i < ranks.size(); ++i) s << (i ? ", " : "") << ranks[i];
   s << "]";
   return s.str();
+}
+
+int ms_left(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return left.count() <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30));
 }
 
 std::string seconds_str(std::chrono::milliseconds ms) {

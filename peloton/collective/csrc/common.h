@@ -35,6 +35,8 @@ using Clock = std::chrono::steady_clock;
 
 std::string shape_str(const std::vector<int64_t>& shape);
 std::string ranks_str(const std::vector<int>& ranks);
+// Milliseconds until `deadline` for poll(2): 0 once it has passed, rounded up, capped.
+int ms_left(Clock::time_point deadline);
 // "2.5 s": a duration as the runtime's messages write it.
 std::string seconds_str(std::chrono::milliseconds ms);
 

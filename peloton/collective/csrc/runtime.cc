@@ -25,11 +25,6 @@ struct Aborted : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-int ms_left(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return left.count() <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- setup and teardown

@@ -16,11 +16,6 @@ constexpr uint32_t kMagic = 0x504c5431;  // "PLT1"
 constexpr uint8_t kData = 0, kControl = 1;
 constexpr size_t kMaxIo = 1 << 20;  // bytes per send/recv call: keeps both directions moving
 
-int ms_left(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return left.count() <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30));
-}
-
 }  // namespace
 
 void TcpMesh::close() {
