@@ -129,3 +129,8 @@ class GrpcServer:
         await self._health.enter_graceful_shutdown()
         await self.watches.close()
         await self._server.stop(grace)
+        # What the streams left (a shared read nobody waits for) ends with the loop.
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)

@@ -3,7 +3,7 @@ invalid UTF-8, and no string or repeated field is longer than its limit (README,
 
 The walk is generic over the message's descriptor, so a field added to a proto is checked
 without code here; the tables below only name the fields whose limit differs from the default.
-Job specs get their own, finer checks in :mod:`peloton.jobmgr.spec` after these.
+Job specs get their own, finer checks in :mod:`peloton.core.spec` after these.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor, FileDescriptor
 from google.protobuf.message import DecodeError, Message
 
+from peloton.core import spec
 from peloton.errors import InvalidArgument
-from peloton.jobmgr import spec
 
-# KillJob's and RestartJob's message is copied into the job, every task's attempt and every
-# task event: 1 KiB keeps a page of 1,000 tasks (ListTasks' default) near 1 MB.
+# KillJob's and RestartJob's message is stored once (the job, its event, one shared copy the
+# tasks name) but shown with every task's attempt and event: 1 KiB keeps a page of 1,000 tasks
+# (ListTasks' default) near 1 MB.
 MAX_MESSAGE = 1024
 MAX_JOB_ID = 128
 MAX_REQUEST_ID = 128
