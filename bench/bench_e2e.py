@@ -64,7 +64,7 @@ from bench.bench_jobs import (
     migrate_db,
 )
 from peloton.client import PelotonClient
-from peloton.jobmgr.states import TaskState
+from peloton.core.states import TaskState
 from peloton.storage.db import make_engine
 from peloton.v1 import common_pb2, job_pb2
 

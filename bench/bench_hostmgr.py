@@ -35,11 +35,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from peloton.gang import Gang
+from peloton.core.gang import Gang
+from peloton.core.states import TaskState
 from peloton.hostmgr.framework import HostManager, MesosSettings
 from peloton.hostmgr.metrics import HostmgrMetrics
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.states import TaskState
 from peloton.minicluster import AgentSpec, Minicluster
 from peloton.placement.launcher import Launcher
 from peloton.storage import jobs as job_repo

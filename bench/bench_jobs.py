@@ -59,9 +59,9 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
 from bench._client_worker import create_worker, job_spec
-from peloton.jobmgr import spec as specs
+from peloton.core import spec as specs
+from peloton.core.states import JobState, TaskState
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.states import JobState, TaskState
 from peloton.storage import jobs as repo
 from peloton.storage.db import Database
 from peloton.storage.models import JobRow

@@ -30,11 +30,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from peloton.gang import Gang
+from peloton.core.gang import Gang, Placement
+from peloton.core.resources import EXECUTOR_RESOURCES, Resources
 from peloton.hostmgr.offers import HostOffers
 from peloton.placement import engine, firstfit
-from peloton.placement.firstfit import EXECUTOR_RESOURCES, Placement
-from peloton.resources import Resources
 from peloton.v1 import common_pb2, job_pb2
 
 OUT = Path(".bench/bench_placement.json")

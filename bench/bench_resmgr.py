@@ -36,13 +36,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from peloton.core.pools import ROOT, KindConfig, Policy, PoolConfig, QueuePolicy
+from peloton.core.resources import KINDS, Resources
 from peloton.jobmgr.manager import JobManager
 from peloton.resmgr.admission import Room, Waiting, admit, order
 from peloton.resmgr.conservation import conserve
 from peloton.resmgr.entitlement import Calculator
 from peloton.resmgr.manager import ResourceManager
-from peloton.resmgr.pool import ROOT, KindConfig, Policy, PoolConfig, PoolTree, QueuePolicy
-from peloton.resources import KINDS, Resources
+from peloton.resmgr.pool import PoolTree
 from peloton.storage import migrate
 from peloton.storage.db import Database, make_engine
 from peloton.v1 import common_pb2, job_pb2

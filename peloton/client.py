@@ -3,7 +3,7 @@
 Example::
 
     from peloton.client import PelotonClient
-    from peloton.jobmgr.spec import load_job_spec_yaml
+    from peloton.core.spec import load_job_spec_yaml
 
     with PelotonClient("127.0.0.1:5392") as client:
         job = client.create_job(load_job_spec_yaml(open("job.yaml").read()))

@@ -18,11 +18,11 @@ from peloton.api.job_service import JobService
 from peloton.api.pool_service import PoolService
 from peloton.api.watches import WatchQuotas
 from peloton.config import ServerConfig
+from peloton.core.states import JobState, TaskState
 from peloton.errors import Unavailable
 from peloton.hostmgr.hosts import HostRegistry
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.metrics import JobMetrics
-from peloton.jobmgr.states import JobState, TaskState
 from peloton.metrics import Metrics, StateCounts
 from peloton.resmgr.admission import NO_HOSTS_YET
 from peloton.resmgr.manager import ResourceManager

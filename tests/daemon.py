@@ -27,10 +27,10 @@ from support import make_spec
 
 from peloton.client import PelotonClient
 from peloton.config import ServerConfig
-from peloton.jobmgr.records import TaskUpdate
-from peloton.jobmgr.states import TaskState
+from peloton.core.pools import PoolConfig
+from peloton.core.records import TaskUpdate
+from peloton.core.states import TaskState
 from peloton.minicluster import AgentSpec, Minicluster
-from peloton.resmgr.pool import PoolConfig
 from peloton.server import Server
 from peloton.storage import migrate
 from peloton.storage.db import make_engine

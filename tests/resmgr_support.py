@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 from support import FakeClock, RecordingKiller
 
+from peloton.core.pools import KindConfig, Policy, PoolConfig
+from peloton.core.records import JobRecord, TaskRecord, TaskUpdate
+from peloton.core.resources import Resources
+from peloton.core.states import TaskState
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import JobRecord, TaskRecord, TaskUpdate
-from peloton.jobmgr.states import TaskState
 from peloton.resmgr.manager import ResourceManager
-from peloton.resmgr.pool import KindConfig, Policy, PoolConfig
-from peloton.resources import Resources
 from peloton.storage.db import Database
 from peloton.v1 import common_pb2, job_pb2
 

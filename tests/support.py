@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import EventRecord, TaskUpdate
-from peloton.jobmgr.states import (
+from peloton.core.records import EventRecord, TaskUpdate
+from peloton.core.states import (
     JOB_TRANSITIONS,
     TASK_TERMINAL,
     JobState,
     TaskState,
     task_transition_allowed,
 )
+from peloton.jobmgr.manager import JobManager
 from peloton.v1 import job_pb2
 from peloton.v1.common_pb2 import Resources
 

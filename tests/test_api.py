@@ -31,8 +31,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from support import TO_RUNNING, independent_spec, make_spec
 
 from peloton.client import ClientError, PelotonClient
-from peloton.jobmgr.records import TaskUpdate
-from peloton.jobmgr.states import TaskState
+from peloton.core.records import TaskUpdate
+from peloton.core.states import TaskState
 from peloton.server import Server
 from peloton.v1 import job_pb2, job_pb2_grpc
 

@@ -35,8 +35,8 @@ from support import TO_RUNNING, make_spec
 from peloton.cli.output import REASON_WIDTH
 from peloton.client import DEFAULT_PORT, PelotonClient, server_address
 from peloton.config import ServerConfig
-from peloton.jobmgr.records import TaskUpdate
-from peloton.jobmgr.states import TaskState
+from peloton.core.records import TaskUpdate
+from peloton.core.states import TaskState
 from peloton.server import Server
 from peloton.v1 import job_pb2
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from daemon import PELOTON, error_line, run_peloton
 
-from peloton.jobmgr.spec import MAX_COMMAND, MAX_YAML_DEPTH
+from peloton.core.spec import MAX_COMMAND, MAX_YAML_DEPTH
 
 # Nothing listens here: a command that sent its request would fail with exit 1, not 2.
 NOWHERE = "127.0.0.1:1"

@@ -19,8 +19,8 @@ from sqlalchemy.engine import make_url
 from support import make_spec
 
 from peloton.config import ServerConfig
+from peloton.core.records import JobFilter
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import JobFilter
 from peloton.server import DATABASE_STOP_SECONDS, Server
 from peloton.storage import jobs as repo
 from peloton.storage.db import Database

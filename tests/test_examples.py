@@ -16,7 +16,7 @@ import yaml
 from daemon import Peloton, run_peloton, start_minicluster, wait_for
 
 from peloton.client import PelotonClient
-from peloton.jobmgr.spec import load_job_spec_yaml, validate_job_spec
+from peloton.core.spec import load_job_spec_yaml, validate_job_spec
 from peloton.minicluster import AgentSpec, Minicluster
 from peloton.v1 import job_pb2
 

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from resmgr_support import Harness
 from support import TO_RUNNING, FakeClock, RecordingKiller, make_spec
 
+from peloton.core.records import TaskUpdate
+from peloton.core.resources import Resources
+from peloton.core.states import TASK_ACTIVE, Goal, JobState, TaskState
 from peloton.jobmgr import restarts
 from peloton.jobmgr.manager import MAX_RUNTIME, JobManager
-from peloton.jobmgr.records import TaskUpdate
-from peloton.jobmgr.states import TASK_ACTIVE, Goal, JobState, TaskState
-from peloton.resources import Resources
 from peloton.storage.db import Database
 
 T = TaskState

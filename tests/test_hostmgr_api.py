@@ -11,7 +11,7 @@ import pytest
 from daemon import address, error_line, in_process_server, migrated_sqlite_url, run_peloton
 from support import make_spec
 
-from peloton.resources import Resources
+from peloton.core.resources import Resources
 from peloton.server import Server
 from peloton.v1 import host_pb2, host_pb2_grpc
 

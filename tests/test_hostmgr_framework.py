@@ -29,17 +29,17 @@ from prometheus_client import CollectorRegistry
 from support import make_spec
 from test_hostmgr_offers import raw_offer
 
+from peloton.core.gang import Gang
+from peloton.core.hosts import HostRecord
+from peloton.core.records import AttemptRecord, JobRecord, TaskUpdate, attempt_id
+from peloton.core.resources import Resources
+from peloton.core.states import JobState, TaskState
 from peloton.errors import FailedPrecondition, InvalidArgument
-from peloton.gang import Gang
 from peloton.hostmgr.framework import HostManager, MesosSettings
-from peloton.hostmgr.hosts import HostRecord
 from peloton.hostmgr.metrics import HostmgrMetrics
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import AttemptRecord, JobRecord, TaskUpdate, attempt_id
-from peloton.jobmgr.states import JobState, TaskState
 from peloton.placement.launcher import Launcher
 from peloton.placement.metrics import PlacementMetrics
-from peloton.resources import Resources
 from peloton.storage.db import Database
 from peloton.storage.hosts import SqlHostStore
 from peloton.v1 import job_pb2

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from peloton.core.resources import Resources
 from peloton.hostmgr.offers import Lease, LeaseError, Offer, OfferPool, parse_offer, take_ports
-from peloton.resources import Resources
 
 
 def raw_offer(

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from peloton.core.states import TASK_ACTIVE, TASK_TRANSITIONS, TaskState
 from peloton.hostmgr.states import MESOS_STATES, reason_of, to_peloton
-from peloton.jobmgr.states import TASK_ACTIVE, TASK_TRANSITIONS, TaskState
 
 T = TaskState
 

@@ -7,12 +7,13 @@ from datetime import UTC, datetime
 import pytest
 from support import make_spec
 
+from peloton.core.hosts import HostState
+from peloton.core.records import TaskUpdate, attempt_id
+from peloton.core.resources import Resources
+from peloton.core.states import TASK_ACTIVE, TaskState
 from peloton.errors import FailedPrecondition, NotFound
-from peloton.hostmgr.hosts import HostRegistry, HostState
+from peloton.hostmgr.hosts import HostRegistry
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import TaskUpdate, attempt_id
-from peloton.jobmgr.states import TASK_ACTIVE, TaskState
-from peloton.resources import Resources
 from peloton.storage.db import Database
 from peloton.storage.hosts import SqlHostStore
 

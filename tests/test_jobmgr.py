@@ -27,10 +27,8 @@ from support import (
     make_spec as gang_spec,
 )
 
-from peloton.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import EventRecord, JobFilter, JobRecord, TaskUpdate
-from peloton.jobmgr.states import (
+from peloton.core.records import EventRecord, JobFilter, JobRecord, TaskUpdate
+from peloton.core.states import (
     TASK_TERMINAL,
     TASK_TRANSITIONS,
     Goal,
@@ -38,6 +36,8 @@ from peloton.jobmgr.states import (
     TaskState,
     derive_job_state,
 )
+from peloton.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from peloton.jobmgr.manager import JobManager
 from peloton.storage import jobs as repo
 from peloton.storage.db import Database
 from peloton.storage.models import JobEventRow, JobLabelRow, JobRow, TaskAttemptRow, TaskRow

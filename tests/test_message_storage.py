@@ -18,9 +18,9 @@ from support import TO_RUNNING, make_spec
 from peloton.api import limits
 from peloton.api.job_service import GET_TASK_BUDGET
 from peloton.client import PelotonClient
+from peloton.core.records import TaskUpdate
+from peloton.core.states import TaskState
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import TaskUpdate
-from peloton.jobmgr.states import TaskState
 from peloton.server import Server
 from peloton.storage import jobs as repo
 from peloton.storage.db import Database

@@ -13,10 +13,10 @@ from alembic.runtime.migration import MigrationContext
 from google.protobuf import json_format
 from sqlalchemy import Engine, inspect, text
 
+from peloton.core.records import JobFilter, TaskUpdate
+from peloton.core.states import Goal, JobState, TaskState
 from peloton.errors import FailedPrecondition
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import JobFilter, TaskUpdate
-from peloton.jobmgr.states import Goal, JobState, TaskState
 from peloton.storage import migrate
 from peloton.storage.db import Database, make_engine
 from peloton.storage.models import Base

@@ -8,11 +8,10 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peloton.gang import Gang
+from peloton.core.gang import Gang, Placement
+from peloton.core.resources import EXECUTOR_RESOURCES, Resources
 from peloton.hostmgr.offers import HostOffers
 from peloton.placement import engine, firstfit
-from peloton.placement.firstfit import EXECUTOR_RESOURCES
-from peloton.resources import Resources
 from peloton.v1 import common_pb2, job_pb2
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -49,7 +48,7 @@ def gang(tasks: int, gpu: float = 1, *, cpu: float = 1, job: str = "job",
     return Gang.of_job(job, spec, tuple(range(tasks)), AT)
 
 
-def hosts_of(p: firstfit.Placement) -> Counter[str]:
+def hosts_of(p: Placement) -> Counter[str]:
     assert p.hosts is not None, p.reason
     return Counter(p.hosts)
 

@@ -7,10 +7,11 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peloton.gang import Gang
+from peloton.core.constraints import matches
+from peloton.core.gang import Gang
+from peloton.core.resources import EXECUTOR_RESOURCES, Resources
 from peloton.hostmgr.offers import HostOffers
-from peloton.placement.firstfit import EXECUTOR_RESOURCES, matches, place
-from peloton.resources import Resources
+from peloton.placement.firstfit import place
 from peloton.v1 import common_pb2, job_pb2
 
 

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_placement_engine import clusters, gang, host
 
-from peloton.gang import Gang
+from peloton.core.constraints import matches
+from peloton.core.gang import Gang
+from peloton.core.resources import EXECUTOR_RESOURCES, Resources
 from peloton.hostmgr.offers import HostOffers
 from peloton.placement import engine
-from peloton.placement.firstfit import EXECUTOR_RESOURCES, matches
-from peloton.resources import Resources
 from peloton.v1 import job_pb2
 
 

@@ -14,7 +14,7 @@ from daemon import address, error_line, in_process_server, run_peloton
 from support import make_spec
 
 from peloton.client import ClientError, PelotonClient
-from peloton.resources import Resources
+from peloton.core.resources import Resources
 from peloton.server import Server
 from peloton.v1 import job_pb2, pool_pb2
 

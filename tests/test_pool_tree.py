@@ -6,8 +6,9 @@ import math
 
 import pytest
 
+from peloton.core.pools import ROOT, KindConfig, Policy, PoolConfig
 from peloton.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from peloton.resmgr.pool import ROOT, KindConfig, Policy, PoolConfig, PoolTree
+from peloton.resmgr.pool import PoolTree
 
 INF = math.inf
 

@@ -21,10 +21,10 @@ from support import (
     independent_spec as make_spec,
 )
 
+from peloton.core.records import EventRecord, JobRecord, TaskUpdate
+from peloton.core.states import TASK_TERMINAL, Goal, JobState, TaskState, derive_job_state
 from peloton.errors import FailedPrecondition
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import EventRecord, JobRecord, TaskUpdate
-from peloton.jobmgr.states import TASK_TERMINAL, Goal, JobState, TaskState, derive_job_state
 from peloton.storage.db import Database
 
 T = TaskState

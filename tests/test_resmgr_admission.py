@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from peloton.core.pools import QueuePolicy
+from peloton.core.resources import KINDS, ZERO, Resources
 from peloton.resmgr import admission
 from peloton.resmgr.admission import Room, Waiting, admit, order
-from peloton.resmgr.pool import QueuePolicy
-from peloton.resources import KINDS, ZERO, Resources
 
 POOL = "/research/vision"
 

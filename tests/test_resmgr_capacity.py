@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 
-from peloton.capacity import Lost, LostHost, lost_total, recently_lost
+from peloton.core.capacity import Lost, LostHost, lost_total, recently_lost
+from peloton.core.resources import Resources
 from peloton.hostmgr.hosts import HostRegistry
 from peloton.resmgr import admission
 from peloton.resmgr.admission import Room, Waiting, admit
-from peloton.resources import Resources
 from peloton.storage.db import Database
 from peloton.storage.hosts import SqlHostStore
 

@@ -14,12 +14,13 @@ from hypothesis import strategies as st
 from resmgr_support import Harness
 
 from peloton.api.pool_service import pool_pb
+from peloton.core.pools import ROOT, KindConfig, Policy, PoolConfig, QueuePolicy
+from peloton.core.resources import EPSILON, ZERO, Resources
 from peloton.resmgr import admission
 from peloton.resmgr.admission import Decision, Room, Waiting
 from peloton.resmgr.conservation import Conserved, conserve
 from peloton.resmgr.entitlement import Calculator
-from peloton.resmgr.pool import ROOT, KindConfig, Policy, PoolConfig, PoolTree, QueuePolicy
-from peloton.resources import EPSILON, ZERO, Resources
+from peloton.resmgr.pool import PoolTree
 from peloton.storage.db import Database
 
 TOL = 1e-6

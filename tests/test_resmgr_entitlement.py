@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from peloton.core.pools import ROOT, KindConfig, Policy, PoolConfig
+from peloton.core.resources import Resources
 from peloton.resmgr.entitlement import Calculator, water_fill
-from peloton.resmgr.pool import ROOT, KindConfig, Policy, PoolConfig, PoolTree
-from peloton.resources import Resources
+from peloton.resmgr.pool import PoolTree
 
 TOL = 1e-6
 

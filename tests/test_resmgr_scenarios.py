@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import pytest
 from resmgr_support import Harness
 
+from peloton.core.resources import Resources
+from peloton.core.states import JobState, TaskState
 from peloton.errors import FailedPrecondition, InvalidArgument
-from peloton.jobmgr.states import JobState, TaskState
 from peloton.resmgr import admission
 from peloton.resmgr.manager import ResourceManager
-from peloton.resources import Resources
 from peloton.storage.db import Database
 
 T = TaskState

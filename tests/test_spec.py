@@ -1,4 +1,4 @@
-"""Job spec loading, defaults and validation (peloton.jobmgr.spec)."""
+"""Job spec loading, defaults and validation (peloton.core.spec)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from peloton.errors import InvalidArgument
-from peloton.jobmgr import spec as specs
-from peloton.jobmgr.spec import (
+from peloton.core import spec as specs
+from peloton.core.spec import (
     DEFAULT_BACKOFF_SECONDS,
     DEFAULT_KILL_GRACE_SECONDS,
     DEFAULT_MAX_FAILURES,
@@ -25,6 +24,7 @@ from peloton.jobmgr.spec import (
     validate_job_spec,
     with_defaults,
 )
+from peloton.errors import InvalidArgument
 from peloton.v1 import job_pb2
 
 EXAMPLE_YAML = """\

@@ -1,4 +1,4 @@
-"""The task and job state machines in peloton.jobmgr.states, as tables and as properties."""
+"""The task and job state machines in peloton.core.states, as tables and as properties."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from peloton.errors import FailedPrecondition
-from peloton.jobmgr.states import (
+from peloton.core.states import (
     JOB_TERMINAL,
     JOB_TRANSITIONS,
     TASK_ACTIVE,
@@ -26,6 +25,7 @@ from peloton.jobmgr.states import (
     derive_job_state,
     task_transition_allowed,
 )
+from peloton.errors import FailedPrecondition
 
 T = TaskState
 J = JobState

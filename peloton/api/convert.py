@@ -6,9 +6,9 @@ from datetime import datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from peloton.core.records import AttemptRecord, EventRecord, JobRecord, TaskRecord
+from peloton.core.states import JobState, TaskState
 from peloton.errors import InvalidArgument
-from peloton.jobmgr.records import AttemptRecord, EventRecord, JobRecord, TaskRecord
-from peloton.jobmgr.states import JobState, TaskState
 from peloton.v1 import job_pb2
 
 _JOB_PREFIX = "JOB_STATE_"

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 import grpc
 
 from peloton.api.convert import timestamp
+from peloton.core.hosts import HostState, HostView
+from peloton.core.records import AttemptRecord, EventRecord, TaskRecord
+from peloton.core.states import TASK_ACTIVE, TASK_TERMINAL, TASK_UNLAUNCHED
 from peloton.errors import FailedPrecondition, InvalidArgument, NotFound
-from peloton.hostmgr.hosts import HostRegistry, HostState, HostView
+from peloton.hostmgr.hosts import HostRegistry
 from peloton.hostmgr.sandbox import read_file, sandbox_path
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import AttemptRecord, EventRecord, TaskRecord
-from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL, TASK_UNLAUNCHED
 from peloton.v1 import host_pb2, host_pb2_grpc
 
 if TYPE_CHECKING:  # pymesos (imported by the framework) is only loaded when Mesos is used

@@ -10,10 +10,10 @@ import grpc
 from peloton.api import convert
 from peloton.api.interceptor import Context
 from peloton.api.watches import WatchHub
+from peloton.core.records import EventRecord, JobFilter, JobRecord, TaskRecord
+from peloton.core.states import JOB_TERMINAL, JobState
 from peloton.errors import InvalidArgument
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import EventRecord, JobFilter, JobRecord, TaskRecord
-from peloton.jobmgr.states import JOB_TERMINAL, JobState
 from peloton.storage.jobs import encode_token
 from peloton.v1 import job_pb2, job_pb2_grpc
 

@@ -6,10 +6,11 @@ import math
 
 import grpc
 
+from peloton.core.pools import ROOT, KindConfig, Policy, PoolConfig, QueuePolicy
 from peloton.errors import InvalidArgument
 from peloton.resmgr.manager import ResourceManager
 from peloton.resmgr.metrics import PoolStatus
-from peloton.resmgr.pool import ROOT, KindConfig, Policy, PoolConfig, PoolTree, QueuePolicy
+from peloton.resmgr.pool import PoolTree
 from peloton.v1 import pool_pb2, pool_pb2_grpc
 
 _POLICY = {

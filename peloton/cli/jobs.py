@@ -13,13 +13,13 @@ import click
 from peloton.cli import output as out
 from peloton.cli.main import EXIT_USAGE, CliError, cli_error, read_text_file
 from peloton.client import PelotonClient
-from peloton.jobmgr.spec import (
+from peloton.core.spec import (
     check_pool_path,
     load_job_spec_yaml,
     validate_job_spec,
     with_defaults,
 )
-from peloton.jobmgr.states import JobState, TaskState
+from peloton.core.states import JobState, TaskState
 from peloton.v1 import job_pb2
 
 JOB_STATES = [s.value for s in JobState]

@@ -11,9 +11,9 @@ import click
 from peloton.cli import output as out
 from peloton.cli.jobs import connect
 from peloton.cli.main import cli_error, read_text_file
+from peloton.core.resources import KINDS
+from peloton.core.spec import check_pool_path, load_yaml, parse_message_dict
 from peloton.errors import InvalidArgument
-from peloton.jobmgr.spec import check_pool_path, load_yaml, parse_message_dict
-from peloton.resources import KINDS
 from peloton.v1 import pool_pb2
 
 

@@ -24,18 +24,19 @@ from typing import Any
 
 from pymesos import MesosSchedulerDriver, Scheduler
 
-from peloton.capacity import LostHost
+from peloton.core.capacity import LostHost
+from peloton.core.hosts import HostRecord, HostState, HostStore
+from peloton.core.records import AttemptRecord, TaskUpdate
+from peloton.core.resources import EXECUTOR_RESOURCES, Resources
+from peloton.core.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
 from peloton.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from peloton.hostmgr import states as mesos_states
 from peloton.hostmgr.acks import Acknowledger
-from peloton.hostmgr.hosts import HostRecord, HostRegistry, HostState, HostStore
+from peloton.hostmgr.hosts import HostRegistry
 from peloton.hostmgr.launch import LaunchTask, executor_id, grace_policy, launch_group
 from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
 from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, Offer, OfferPool, parse_offer
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import AttemptRecord, TaskUpdate
-from peloton.jobmgr.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
-from peloton.resources import Resources
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +126,6 @@ class HostManager:
         """``on_capacity``: told the cluster's total and its recently lost hosts whenever
         either changes. ``writers``: jobs whose status updates are written at once (more than
         one only where the database takes concurrent writers)."""
-        from peloton.placement.firstfit import EXECUTOR_RESOURCES
-
         self.settings = settings
         self._user = settings.user or current_user()
         self._jobs = jobs

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from peloton.core.resources import Resources
 from peloton.hostmgr.offers import Lease
-from peloton.resources import Resources
 
 _MESOS_NAMES = (("cpu", "cpus"), ("mem_mb", "mem"), ("disk_mb", "disk"), ("gpu", "gpus"))
 # Mesos compares scalars in fixed point, three decimals.

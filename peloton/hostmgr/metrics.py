@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from peloton.resources import KINDS, Resources
+from peloton.core.resources import KINDS, Resources
 
 HOST_STATES = ("UP", "DRAINING", "DOWN")
 

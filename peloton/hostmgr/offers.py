@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from peloton.resources import ZERO, Resources
+from peloton.core.resources import ZERO, Resources
 
 # Mesos scalar resource names -> Resources kinds.
 _SCALARS = {"cpus": "cpu", "mem": "mem_mb", "disk": "disk_mb", "gpus": "gpu"}

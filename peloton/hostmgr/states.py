@@ -9,7 +9,7 @@ killed by reconciliation because its attempt is no longer active.
 
 from __future__ import annotations
 
-from peloton.jobmgr.states import TASK_TERMINAL, TaskState, task_transition_allowed
+from peloton.core.states import TASK_TERMINAL, TaskState, task_transition_allowed
 
 # Mesos TaskState (v1 mesos.proto) -> peloton TaskState; None: no change of peloton state.
 _TABLE: dict[str, TaskState | None] = {

@@ -18,12 +18,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from peloton.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from peloton.jobmgr import restarts
-from peloton.jobmgr import spec as specs
-from peloton.jobmgr.events import EventBus
-from peloton.jobmgr.metrics import JobMetrics
-from peloton.jobmgr.records import (
+from peloton.core import spec as specs
+from peloton.core.records import (
     EventRecord,
     JobFilter,
     JobRecord,
@@ -31,7 +27,7 @@ from peloton.jobmgr.records import (
     TaskUpdate,
     attempt_id,
 )
-from peloton.jobmgr.states import (
+from peloton.core.states import (
     JOB_TERMINAL,
     TASK_ACTIVE,
     TASK_TERMINAL,
@@ -44,6 +40,10 @@ from peloton.jobmgr.states import (
     check_task_transition,
     derive_job_state,
 )
+from peloton.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from peloton.jobmgr import restarts
+from peloton.jobmgr.events import EventBus
+from peloton.jobmgr.metrics import JobMetrics
 from peloton.storage import jobs as repo
 from peloton.storage.db import Database
 from peloton.storage.models import JobRow, TaskRow

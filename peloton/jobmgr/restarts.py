@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from peloton.jobmgr.states import TaskState
+from peloton.core.states import TaskState
 from peloton.v1 import job_pb2
 
 # The job's reason while its gang restarts, and a task's reason for its new attempt.

@@ -53,12 +53,17 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from peloton.gang import Gang
+from peloton.core.constraints import matches
+from peloton.core.gang import Gang, Placement
+from peloton.core.resources import (
+    EPSILON,
+    EXECUTOR_RESOURCES,
+    KINDS,
+    Resources,
+    describe,
+    format_amount,
+)
 from peloton.hostmgr.offers import HostOffers, port_count
-from peloton.placement.firstfit import EXECUTOR_RESOURCES, Placement, matches
-from peloton.resmgr.admission import describe
-from peloton.resmgr.pool import format_amount
-from peloton.resources import EPSILON, KINDS, Resources
 from peloton.v1 import job_pb2
 
 # A task asking for nothing fits any number of times; count it as this many.

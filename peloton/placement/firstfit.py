@@ -7,48 +7,12 @@ also the baseline the real placement engine is measured against.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-from peloton.gang import Gang
+from peloton.core.constraints import matches
+from peloton.core.gang import Gang, Placement
+from peloton.core.resources import EXECUTOR_RESOURCES, Resources
 from peloton.hostmgr.offers import HostOffers, port_count
-from peloton.resources import Resources
-from peloton.v1 import job_pb2
-
-# What the Mesos default executor of one task group declares besides its tasks (real masters
-# require cpus, mem and disk on it); charged once per host a gang uses.
-EXECUTOR_RESOURCES = Resources(cpu=0.1, mem_mb=32.0, disk_mb=32.0)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Hostnames by rank (``hosts[i]`` runs ``gang.instances[i]``), or None and a reason."""
-
-    hosts: tuple[str, ...] | None
-    reason: str = ""
-
-
-def matches(constraints: Sequence[job_pb2.Constraint], attributes: Mapping[str, str]) -> bool:
-    """Whether a host's attributes satisfy every constraint (AND); an ``any_of`` item holds when
-    any of its branches does (OR). Leaf ops: in, not_in, eq, exists."""
-    for c in constraints:
-        if c.any_of:
-            ok = any(matches((branch,), attributes) for branch in c.any_of)
-        else:
-            ok = _holds(c, attributes.get(c.attribute))
-        if not ok:
-            return False
-    return True
-
-
-def _holds(leaf: job_pb2.Constraint, value: str | None) -> bool:
-    if leaf.op == "exists":
-        return value is not None
-    if leaf.op in ("in", "eq"):
-        return value is not None and value in leaf.values
-    if leaf.op == "not_in":
-        return value is None or value not in leaf.values
-    return False
 
 
 def place(gang: Gang, hosts: Sequence[HostOffers]) -> Placement:

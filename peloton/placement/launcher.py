@@ -25,16 +25,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+from peloton.core.gang import AdmittedGangs, Gang
+from peloton.core.records import TaskUpdate
+from peloton.core.resources import ZERO, Resources
+from peloton.core.states import TaskState
 from peloton.errors import PelotonError
-from peloton.gang import AdmittedGangs, Gang
 from peloton.hostmgr.launch import LaunchTask, executor_id
 from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, take_ports
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import TaskUpdate
-from peloton.jobmgr.states import TaskState
 from peloton.placement import engine
 from peloton.placement.metrics import HOST_TAKEN, INFEASIBLE, LAUNCH, NO_FIT, PlacementMetrics
-from peloton.resources import ZERO, Resources
 
 log = logging.getLogger(__name__)
 

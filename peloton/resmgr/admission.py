@@ -16,7 +16,7 @@ Rules, applied to a pool's queue in order (priority then age, or age only for FI
 - A gang that can never fit — larger than its pool's limit, than the cluster once its capacity is
   known, or (non-preemptible) than its pool's reservation — is infeasible and fails at once. The
   cluster's capacity here counts the hosts lost recently (they may come back, see
-  :mod:`peloton.capacity`); a gang that fits only with them waits, naming them.
+  :mod:`peloton.core.capacity`); a gang that fits only with them waits, naming them.
 
 Every gang that waits gets a reason naming the binding constraint, e.g. ``pool /research/vision:
 gpu entitlement 8, allocated 6, gang needs 4``. Pure: no I/O, no clock (ages are given).
@@ -29,9 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from peloton.capacity import LostHost, lost_total
-from peloton.resmgr.pool import PoolTree, QueuePolicy, format_amount
-from peloton.resources import EPSILON, KINDS, ZERO, Resources
+from peloton.core.capacity import LostHost, lost_total
+from peloton.core.pools import QueuePolicy
+from peloton.core.resources import EPSILON, KINDS, ZERO, Resources, describe, format_amount
+from peloton.resmgr.pool import PoolTree
 
 # Job reasons (short codes stored with the job; the message says the rest).
 PENDING_NO_HOSTS = "no_hosts"
@@ -313,10 +314,3 @@ def _needs(short: list[tuple[str, float, float]], what: str) -> str:
 
 def _min(a: Resources, b: Resources) -> Resources:
     return Resources(*(min(a.get(k), b.get(k)) for k in KINDS))
-
-
-def describe(amount: Resources) -> str:
-    """A resource amount for people: ``gpu 4, cpu 16, mem_mb 65536`` (zero kinds left out)."""
-    parts = [f"{k} {format_amount(v)}" for k, v in amount.items() if v > EPSILON]
-    parts.sort(key=lambda p: not p.startswith("gpu"))
-    return ", ".join(parts) or "nothing"

@@ -29,9 +29,9 @@ import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from peloton.core.resources import KINDS, ZERO, Resources
 from peloton.resmgr.admission import Room, Waiting, infeasibility
 from peloton.resmgr.entitlement import Calculator, Entitlements
-from peloton.resources import KINDS, ZERO, Resources
 
 # Rounds of leaving out gangs that stopped fitting once others were left out.
 ROUNDS = 4

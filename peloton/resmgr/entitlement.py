@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from peloton.resmgr.pool import ROOT, Policy, PoolTree
-from peloton.resources import KINDS, Resources
+from peloton.core.pools import ROOT, Policy
+from peloton.core.resources import KINDS, Resources
+from peloton.resmgr.pool import PoolTree
 
 
 class ByPool(Mapping[str, Resources]):

@@ -10,7 +10,7 @@ recomputes entitlements, admits what fits (PENDING -> READY, whole gangs), fails
 says why the rest waits, and preempts where the rules allow. Cycles run when something changed and
 every ``cycle_seconds`` otherwise, on one background thread; tests call :meth:`run_cycle`.
 Placement takes admitted gangs through :meth:`take_admitted` (the
-:class:`~peloton.gang.AdmittedGangs` protocol).
+:class:`~peloton.core.gang.AdmittedGangs` protocol).
 """
 
 from __future__ import annotations
@@ -25,20 +25,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from peloton.capacity import LostHost
+from peloton.core.capacity import LostHost
+from peloton.core.gang import Gang
+from peloton.core.pools import DEFAULT_POOL, ROOT, Policy, PoolConfig
+from peloton.core.records import JobRecord
+from peloton.core.resources import KINDS, ZERO, Resources, describe
+from peloton.core.states import Goal, JobState, TaskState
 from peloton.errors import InvalidArgument, NotFound
-from peloton.gang import Gang
 from peloton.jobmgr import restarts
 from peloton.jobmgr.manager import JobManager
-from peloton.jobmgr.records import JobRecord
-from peloton.jobmgr.states import Goal, JobState, TaskState
 from peloton.resmgr import admission, conservation, preemption
-from peloton.resmgr.admission import Decision, Room, Waiting, describe
+from peloton.resmgr.admission import Decision, Room, Waiting
 from peloton.resmgr.conservation import Conserved
 from peloton.resmgr.entitlement import Calculator, Entitlements
 from peloton.resmgr.metrics import KindStatus, PoolStatus, ResmgrMetrics
-from peloton.resmgr.pool import DEFAULT_POOL, ROOT, Policy, PoolConfig, PoolTree
-from peloton.resources import KINDS, ZERO, Resources
+from peloton.resmgr.pool import PoolTree
 from peloton.storage import pools as repo
 from peloton.storage.db import Database
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from peloton.resmgr.admission import Waiting, describe
-from peloton.resources import EPSILON, KINDS, ZERO, Resources
+from peloton.core.resources import EPSILON, KINDS, ZERO, Resources, describe
+from peloton.resmgr.admission import Waiting
 
 REASON = "preempted"
 

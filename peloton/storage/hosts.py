@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 
 from sqlalchemy import delete, select, tuple_
 
-from peloton.hostmgr.hosts import HostRecord, HostState
-from peloton.jobmgr.records import attempt_id
-from peloton.jobmgr.states import TaskState
-from peloton.resources import Resources
+from peloton.core.hosts import HostRecord, HostState
+from peloton.core.records import attempt_id
+from peloton.core.resources import Resources
+from peloton.core.states import TaskState
 from peloton.storage.db import Database
 from peloton.storage.models import FrameworkRow, HostRow, TaskRow
 

@@ -35,15 +35,15 @@ from sqlalchemy import (
 from sqlalchemy.engine import CursorResult, Row
 from sqlalchemy.orm import ORMExecuteState, Session
 
-from peloton.errors import InvalidArgument
-from peloton.jobmgr.records import (
+from peloton.core.records import (
     AttemptRecord,
     EventRecord,
     JobFilter,
     JobRecord,
     TaskRecord,
 )
-from peloton.jobmgr.states import JOB_TERMINAL, Goal, JobState, TaskState
+from peloton.core.states import JOB_TERMINAL, Goal, JobState, TaskState
+from peloton.errors import InvalidArgument
 from peloton.storage.models import (
     JobEventRow,
     JobLabelRow,

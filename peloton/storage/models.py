@@ -233,7 +233,7 @@ class HostRow(Base):
     # Mesos registers several agents under one hostname: the agent id is the key.
     agent_id: Mapped[str] = mapped_column(String(255), primary_key=True)
     hostname: Mapped[str] = mapped_column(String(255), index=True)
-    # UP, DRAINING or DOWN (peloton.hostmgr.hosts.HostState).
+    # UP, DRAINING or DOWN (peloton.core.hosts.HostState).
     state: Mapped[str] = mapped_column(String(16))
     cpu: Mapped[float] = mapped_column(Float)
     mem_mb: Mapped[float] = mapped_column(Float)

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from peloton.jobmgr.states import JOB_TERMINAL
-from peloton.resmgr.pool import KindConfig, Policy, PoolConfig, QueuePolicy
+from peloton.core.pools import KindConfig, Policy, PoolConfig, QueuePolicy
+from peloton.core.states import JOB_TERMINAL
 from peloton.storage.models import JobRow, PoolRow
 
 

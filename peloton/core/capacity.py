@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from peloton.resources import ZERO, Resources
+from peloton.core.resources import ZERO, Resources
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from peloton.resources import Resources
+from peloton.core.resources import Resources
 from peloton.v1 import job_pb2
 
 
@@ -93,3 +93,11 @@ class AdmittedGangs(Protocol):
         """Placement could not place ``gang`` now; offer it again later. ``reason`` says why
         (e.g. ``needs 2 hosts with 4 free GPUs; 1 has``) and becomes the job's pending reason."""
         ...
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Hostnames by rank (``hosts[i]`` runs ``gang.instances[i]``), or None and a reason."""
+
+    hosts: tuple[str, ...] | None
+    reason: str = ""

@@ -8,6 +8,7 @@ fractional); comparisons allow a tiny epsilon so sums of fractions don't flip a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -103,3 +104,21 @@ class Resources:
 
 
 ZERO = Resources()
+
+# What the Mesos default executor of one task group declares besides its tasks (real masters
+# require cpus, mem and disk on it); charged once per host a gang uses.
+EXECUTOR_RESOURCES = Resources(cpu=0.1, mem_mb=32.0, disk_mb=32.0)
+
+
+def format_amount(value: float) -> str:
+    """An amount as people read it: 8, 0.5, unlimited."""
+    if math.isinf(value):
+        return "unlimited"
+    return f"{value:g}"
+
+
+def describe(amount: Resources) -> str:
+    """A resource amount for people: ``gpu 4, cpu 16, mem_mb 65536`` (zero kinds left out)."""
+    parts = [f"{k} {format_amount(v)}" for k, v in amount.items() if v > EPSILON]
+    parts.sort(key=lambda p: not p.startswith("gpu"))
+    return ", ".join(parts) or "nothing"

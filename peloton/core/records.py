@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from peloton.jobmgr.states import JOB_TERMINAL, Goal, JobState, TaskState
+from peloton.core.states import JOB_TERMINAL, Goal, JobState, TaskState
 from peloton.v1 import job_pb2
 
 
