@@ -13,7 +13,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 from sqlalchemy import (
     Select,
@@ -33,6 +33,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import CursorResult, Row
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import ORMExecuteState, Session
 
 from peloton.core.records import (
@@ -88,6 +89,15 @@ _ATTEMPT_COLUMNS = (
     "started_at",
     "ended_at",
 )
+
+# The transaction the functions here run in: callers (the job manager's unit of work) only pass
+# it through, so the type is named here and they need not know what it is.
+Tx: TypeAlias = Session
+
+
+class RequestIdTaken(Exception):
+    """:func:`insert_job`: another job already holds the request id (a concurrent request with
+    the same id committed first)."""
 
 
 # ---------------------------------------------------------------------------- conversions
@@ -291,7 +301,12 @@ def insert_job(
         "host": "",
         "attempt_id": "",
     }
-    session.execute(insert(_JOBS), [job])
+    try:
+        session.execute(insert(_JOBS), [job])
+    except IntegrityError as exc:
+        if request_id is None:
+            raise
+        raise RequestIdTaken(request_id) from exc
     if labels:
         session.execute(insert(_LABELS), labels)
     _insert_tasks(session, job_id, spec.instances, task_state, now)
@@ -376,6 +391,17 @@ def get_jobs(session: Session, job_ids: Iterable[str]) -> list[JobRecord]:
         for i in range(0, len(ids), _IDS_PER_QUERY)
         for row in session.execute(select(_JOBS).where(_JOBS.c.id.in_(ids[i : i + _IDS_PER_QUERY])))
     ]
+
+
+def job_exists(session: Session, job_id: str) -> bool:
+    return session.get(JobRow, job_id) is not None
+
+
+def note_job(row: JobRow, **values: Any) -> None:
+    """Change a locked job row without bumping its version: not a change of its state or spec
+    (its task counts, why it waits, its restart bookkeeping). Written with the transaction."""
+    for key, value in values.items():
+        setattr(row, key, value)
 
 
 def update_job(session: Session, row: JobRow, **values: Any) -> None:
@@ -562,6 +588,22 @@ def task_rows(session: Session, job_id: str, instance_ids: Iterable[int]) -> dic
         select(TaskRow).where(TaskRow.job_id == job_id, TaskRow.instance_id.in_(ids))
     )
     return {r.instance_id: r for r in rows}
+
+
+def first_failed_task(session: Session, job_id: str) -> TaskRow | None:
+    """The job's FAILED or LOST task that ended first (the lowest instance id on a tie)."""
+    first = session.scalar(
+        select(TaskRow.instance_id)
+        .where(
+            TaskRow.job_id == job_id,
+            TaskRow.state.in_([TaskState.FAILED.value, TaskState.LOST.value]),
+        )
+        .order_by(TaskRow.ended_at, TaskRow.instance_id)
+        .limit(1)
+    )
+    if first is None:
+        return None
+    return session.get(TaskRow, (job_id, first))
 
 
 def history(

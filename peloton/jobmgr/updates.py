@@ -1,0 +1,220 @@
+"""Task updates (reported by the host manager, placement…) and what failures among them lead to:
+new attempts of the failed tasks, or the whole gang's restart or end (the rules are
+:mod:`peloton.jobmgr.restarts`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from peloton.core.records import JobRecord, TaskUpdate, attempt_id
+from peloton.core.states import (
+    TASK_TERMINAL,
+    TASK_UNLAUNCHED,
+    Goal,
+    TaskState,
+    check_task_transition,
+)
+from peloton.errors import NotFound
+from peloton.jobmgr import restarts
+from peloton.jobmgr.work import FAILURES, Part, UnitOfWork, shift
+from peloton.storage import jobs as repo
+from peloton.storage.models import TaskRow
+
+log = logging.getLogger(__name__)
+
+
+class TaskUpdates(Part):
+    """Applies task updates to a job, and restarts what failed."""
+
+    def update_tasks(self, job_id: str, updates: Sequence[TaskUpdate]) -> JobRecord:
+        """Apply state changes reported for tasks of one job (by the host manager, placement…).
+
+        An update for an attempt that is no longer current is stale and ignored. An illegal
+        transition raises FailedPrecondition and writes nothing.
+        """
+        with self._ctx.job(job_id) as work:
+            tasks = repo.task_rows(work.session, job_id, (u.instance_id for u in updates))
+            events: list[dict[str, object]] = []
+            failures: list[restarts.Failure] = []
+            for u in updates:
+                task = tasks.get(u.instance_id)
+                if task is None:
+                    raise NotFound(f"job {job_id} has no instance {u.instance_id}")
+                if u.attempt != task.attempt:
+                    log.info(
+                        "stale task update ignored",
+                        extra={
+                            "job_id": job_id,
+                            "instance_id": u.instance_id,
+                            "attempt": u.attempt,
+                            "current_attempt": task.attempt,
+                        },
+                    )
+                    continue
+                if task.goal == Goal.RUN and u.state in FAILURES and u.state != task.state:
+                    failures.append(restarts.Failure(u.instance_id, u.state, u.reason, u.message))
+                events.extend(_apply(work, task, u))
+            repo.insert_events(work.session, events)
+            to_kill: list[str] = []
+            grace = 0
+            plan: restarts.Plan | None = None
+            if failures and work.goal == Goal.RUN:
+                spec = work.spec()
+                grace = spec.preemption.kill_grace_seconds
+                plan = restarts.plan(
+                    spec, work.row.gang_failures, failures, _failures_of(tasks), work.now
+                )
+                to_kill = _after_failures(work, plan)
+            work.derive()
+            job = work.record()
+        self._ctx.after_commit(job_id, to_kill, grace)
+        if plan is not None:
+            if plan.action is restarts.Action.RESTART_GANG:
+                self._ctx.metrics.gang_restarts.inc()
+            log.warning(
+                "job tasks failed",
+                extra={"job_id": job_id, "action": plan.action.value, "why": plan.message},
+            )
+        return job
+
+
+def _after_failures(work: UnitOfWork, plan: restarts.Plan) -> list[str]:
+    """Carry out a :func:`restarts.plan` for failures just written; returns the attempts to
+    kill (the rest of a failed gang)."""
+    if plan.action is restarts.Action.RESTART_TASKS:
+        if plan.restart:
+            work.renew(
+                FAILURES,
+                reason=restarts.TASK_RESTART,
+                message=plan.message,
+                reset_failures=False,
+                instances=plan.restart,
+            )
+            work.note(not_before=plan.not_before)
+        return []
+    restart = plan.action is restarts.Action.RESTART_GANG
+    if restart:
+        _requeue_gang(work, plan.message)
+        reason = restarts.GANG_RESTART
+    else:
+        _end_gang(work, plan.message)
+        # Tasks already being killed for a restart must now stay killed.
+        work.set_goal({TaskState.KILLING}, Goal.KILL)
+        reason = plan.cause.reason
+    to_kill = work.stop_running(
+        restarts.GANG_RESTART if restart else reason,
+        plan.message,
+        Goal.RESTART if restart else Goal.KILL,
+    )
+    # Not a change of the job's state (that comes with its event when derived): the version
+    # stays.
+    work.note(
+        gang_failures=work.row.gang_failures + 1,
+        not_before=plan.not_before,
+        reason=reason,
+        message=plan.message,
+    )
+    return to_kill
+
+
+def _requeue_gang(work: UnitOfWork, why: str) -> None:
+    """Every task of a failed gang that is not running goes back to PENDING: unlaunched ones
+    in their attempt, ended ones (the failed, and any that had finished) in a new one."""
+    work.move(
+        TASK_UNLAUNCHED - {TaskState.PENDING, TaskState.INITIALIZED},
+        TaskState.PENDING,
+        reason=restarts.GANG_RESTART,
+        message=why,
+        goal=Goal.RUN,
+    )
+    work.renew(TASK_TERMINAL, reason=restarts.GANG_RESTART, message=why, reset_failures=False)
+
+
+def _end_gang(work: UnitOfWork, why: str) -> None:
+    """A gang out of restarts: what never launched is killed (running tasks are stopped by
+    the caller); the job then fails with the failure's reason."""
+    work.move(TASK_UNLAUNCHED, TaskState.KILLED, reason="gang_failed", message=why, goal=Goal.KILL)
+
+
+def _apply(work: UnitOfWork, task: TaskRow, u: TaskUpdate) -> list[dict[str, object]]:
+    current = TaskState(task.state)
+    if u.state == current:
+        return []
+    check_task_transition(current, u.state)
+    now = work.now
+    changes: dict[str, object] = {"state": u.state.value, "updated_at": now}
+    if u.reason or u.message:
+        changes.update(reason=u.reason, message=u.message)
+    # Where it was placed or launched; "" leaves what is recorded.
+    placed = {"host": u.host, "agent_id": u.agent_id, "executor_id": u.executor_id}
+    changes.update((k, v) for k, v in placed.items() if v)
+    if u.state == TaskState.RUNNING and task.started_at is None:
+        changes["started_at"] = now
+    if u.state in TASK_TERMINAL:
+        changes["ended_at"] = now
+        if u.state in FAILURES and task.goal == Goal.RUN:
+            changes["failures"] = task.failures + 1
+    # Why it was being killed (preempted, restarted, its gang failed): its next attempt's
+    # reason (a message shared by the gang's tasks stays shared).
+    why = (task.reason, task.message, task.message_id)
+    events = [_event(task, current, u.state, now, u.reason, u.message, u.host)]
+    repo.set_task(work.session, task, **changes)
+    shift(work.counts, {current: 1}, u.state)
+    if u.state in TASK_TERMINAL and task.goal == Goal.RESTART:
+        events.append(_new_attempt(work, task, *why))
+        shift(work.counts, {u.state: 1}, TaskState.PENDING, new_attempt=True)
+    return events
+
+
+def _new_attempt(
+    work: UnitOfWork, task: TaskRow, reason: str, message: str, message_id: int | None = None
+) -> dict[str, object]:
+    current = TaskState(task.state)
+    now = work.now
+    repo.archive_attempt(work.session, task)
+    repo.set_task(
+        work.session,
+        task,
+        attempt=task.attempt + 1,
+        state=TaskState.PENDING.value,
+        goal=Goal.RUN.value,
+        **repo.UNPLACED,
+        reason=reason,
+        message=message,
+        message_id=message_id,
+        started_at=None,
+        ended_at=None,
+        updated_at=now,
+    )
+    return _event(task, current, TaskState.PENDING, now, reason, message, "", message_id)
+
+
+def _event(
+    task: TaskRow,
+    src: TaskState,
+    dst: TaskState,
+    now: datetime,
+    reason: str,
+    message: str,
+    host: str,
+    message_id: int | None = None,
+) -> dict[str, object]:
+    """A task event; ``message_id`` names a shared message (``message`` is then "")."""
+    return {
+        "job_id": task.job_id,
+        "instance_id": task.instance_id,
+        "time": now,
+        "from_state": src.value,
+        "to_state": dst.value,
+        "reason": reason,
+        "message": message,
+        "message_id": message_id,
+        "host": host or task.host,
+        "attempt_id": attempt_id(task.job_id, task.instance_id, task.attempt),
+    }
+
+
+def _failures_of(tasks: Mapping[int, TaskRow]) -> dict[int, int]:
+    return {i: t.failures for i, t in tasks.items()}
