@@ -46,6 +46,7 @@ from peloton.resmgr.manager import ResourceManager
 from peloton.resmgr.pool import PoolTree
 from peloton.storage import migrate
 from peloton.storage.db import Database, make_engine
+from peloton.storage.pools import SqlPoolStore
 from peloton.v1 import common_pb2, job_pb2
 
 OUT = Path(".bench/bench_resmgr.json")
@@ -218,7 +219,7 @@ def bench_cycle(repeats: int, jobs: int = 200) -> dict[str, float]:
             db = Database.from_url(url)
             try:
                 jm = JobManager(db)
-                rm = ResourceManager(db, jm)
+                rm = ResourceManager(SqlPoolStore(db), jm)
                 jm.set_scheduler(rm)
                 rm.load()
                 for p in range(10):

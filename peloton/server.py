@@ -21,6 +21,7 @@ from peloton.config import ServerConfig
 from peloton.core.states import JobState, TaskState
 from peloton.errors import Unavailable
 from peloton.hostmgr.hosts import HostRegistry
+from peloton.jobmgr.expiry import ExpiryTimer
 from peloton.jobmgr.manager import JobManager
 from peloton.jobmgr.metrics import JobMetrics
 from peloton.metrics import Metrics, StateCounts
@@ -31,6 +32,7 @@ from peloton.storage import jobs as job_repo
 from peloton.storage import migrate
 from peloton.storage.db import Database
 from peloton.storage.hosts import SqlHostStore
+from peloton.storage.pools import SqlPoolStore
 from peloton.storage.probe import DatabaseProbe
 from peloton.v1 import host_pb2, host_pb2_grpc, job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
 
@@ -65,6 +67,7 @@ class Server:
         self.metrics = Metrics()
         self.db: Database | None = None
         self.jobs: JobManager | None = None
+        self.expiry: ExpiryTimer | None = None
         self.resmgr: ResourceManager | None = None
         self.hosts: HostRegistry | None = None
         self.hostmgr: HostManager | None = None
@@ -88,8 +91,9 @@ class Server:
             raise
         self.db = db
         self.jobs = JobManager(db, metrics=JobMetrics(self.metrics.registry))
+        self.expiry = ExpiryTimer(self.jobs)
         self.resmgr = ResourceManager(
-            db,
+            SqlPoolStore(db),
             self.jobs,
             metrics=ResmgrMetrics(self.metrics.registry),
             no_hosts=NO_HOSTS_YET if self.config.mesos_master else NO_MASTER,
@@ -128,6 +132,7 @@ class Server:
         # Both ports are ours: rebuild the scheduling state, then take requests.
         self.resmgr.load()  # also sends placements the previous daemon left unlaunched back
         self.resmgr.start()
+        self.expiry.start()
         if self.hostmgr is not None and self.launcher is not None:
             self.hostmgr.start()
             self.launcher.start()
@@ -251,6 +256,8 @@ class Server:
             self.launcher.stop()
         if self.hostmgr is not None:
             self.hostmgr.stop()  # without TEARDOWN: the tasks run on for the next daemon
+        if self.expiry is not None:
+            self.expiry.stop()
         if self.resmgr is not None:
             self.resmgr.stop()
         http = self._metrics_http

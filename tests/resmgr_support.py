@@ -1,5 +1,6 @@
-"""A resource manager over a real database with a scripted cluster: tests drive cycles, place
-admitted gangs, end tasks and complete kills, and read what happened."""
+"""A resource manager over a real database (or, with no database, the in-memory ledger of
+``ledger_memory.py``) with a scripted cluster: tests drive cycles, place admitted gangs, end tasks
+and complete kills, and read what happened."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ledger_memory import MemoryLedger, MemoryPoolStore
 from support import FakeClock, RecordingKiller
 
+from peloton.core.ledger import PoolStore
 from peloton.core.pools import KindConfig, Policy, PoolConfig
 from peloton.core.records import JobRecord, TaskRecord, TaskUpdate
 from peloton.core.resources import Resources
@@ -16,6 +19,7 @@ from peloton.core.states import TaskState
 from peloton.jobmgr.manager import JobManager
 from peloton.resmgr.manager import ResourceManager
 from peloton.storage.db import Database
+from peloton.storage.pools import SqlPoolStore
 from peloton.v1 import common_pb2, job_pb2
 
 T = TaskState
@@ -32,9 +36,10 @@ class Preemption:
 
 @dataclass
 class Harness:
-    """Pools, jobs and a resource manager whose cycles the test runs one at a time."""
+    """Pools, jobs and a resource manager whose cycles the test runs one at a time; ``db``
+    None: jobs and pools in memory (:class:`MemoryLedger`), no database."""
 
-    db: Database
+    db: Database | None
     capacity: Resources
     clock: FakeClock = field(default_factory=FakeClock)
     killer: RecordingKiller = field(default_factory=RecordingKiller)
@@ -42,8 +47,15 @@ class Harness:
     preemptions: list[Preemption] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.jobs = JobManager(self.db, clock=self.clock, killer=self.killer)
-        self.rm = ResourceManager(self.db, self.jobs, clock=self.seconds)
+        self.jobs: JobManager | MemoryLedger
+        self.pools: PoolStore
+        if self.db is None:
+            self.jobs = MemoryLedger(clock=self.clock, killer=self.killer)
+            self.pools = MemoryPoolStore(self.jobs)
+        else:
+            self.jobs = JobManager(self.db, clock=self.clock, killer=self.killer)
+            self.pools = SqlPoolStore(self.db)
+        self.rm = ResourceManager(self.pools, self.jobs, clock=self.seconds)
         self.jobs.set_scheduler(self.rm)
         self.rm.load()
         self.rm.set_capacity(self.capacity)
@@ -56,6 +68,11 @@ class Harness:
             return real_preempt(job_id, message)
 
         self.jobs.preempt = recording_preempt  # type: ignore[method-assign]
+
+    @classmethod
+    def in_memory(cls, capacity: Resources) -> Harness:
+        """A harness on the in-memory ledger and pool store."""
+        return cls(None, capacity)
 
     def seconds(self) -> float:
         """The resource manager's clock: the job manager's, in seconds."""

@@ -211,7 +211,7 @@ def test_state_is_rebuilt_from_the_database(cluster16: Harness) -> None:
     h.cycle()
     assert h.counts(ready) == {"READY": 2}
 
-    again = ResourceManager(h.db, h.jobs, clock=h.seconds)
+    again = ResourceManager(h.pools, h.jobs, clock=h.seconds)
     h.jobs.set_scheduler(again)
     again.load()
     again.set_capacity(h.capacity)

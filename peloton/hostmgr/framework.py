@@ -26,6 +26,7 @@ from pymesos import MesosSchedulerDriver, Scheduler
 
 from peloton.core.capacity import LostHost
 from peloton.core.hosts import HostRecord, HostState, HostStore
+from peloton.core.ledger import HostLedger
 from peloton.core.records import AttemptRecord, TaskUpdate
 from peloton.core.resources import EXECUTOR_RESOURCES, Resources
 from peloton.core.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
@@ -36,7 +37,6 @@ from peloton.hostmgr.hosts import HostRegistry
 from peloton.hostmgr.launch import LaunchTask, executor_id, grace_policy, launch_group
 from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
 from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, Offer, OfferPool, parse_offer
-from peloton.jobmgr.manager import JobManager
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class HostManager:
     def __init__(
         self,
         settings: MesosSettings,
-        jobs: JobManager,
+        jobs: HostLedger,
         store: HostStore,
         metrics: HostmgrMetrics,
         *,

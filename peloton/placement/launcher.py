@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from peloton.core.gang import AdmittedGangs, Gang
+from peloton.core.ledger import LaunchLedger
 from peloton.core.records import TaskUpdate
 from peloton.core.resources import ZERO, Resources
 from peloton.core.states import TaskState
 from peloton.errors import PelotonError
 from peloton.hostmgr.launch import LaunchTask, executor_id
 from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, take_ports
-from peloton.jobmgr.manager import JobManager
 from peloton.placement import engine
 from peloton.placement.metrics import HOST_TAKEN, INFEASIBLE, LAUNCH, NO_FIT, PlacementMetrics
 
@@ -102,7 +102,7 @@ class Launcher:
         self,
         source: AdmittedGangs,
         hosts: Hosts,
-        jobs: JobManager,
+        jobs: LaunchLedger,
         interval: float = 1.0,
         *,
         metrics: PlacementMetrics | None = None,

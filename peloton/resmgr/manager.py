@@ -1,9 +1,10 @@
 """The resource manager: pools, their entitlements, gang admission and preemption.
 
-State lives in memory and is rebuilt from the database at start (pools from the ``pools``
-table, queues and allocations from the unfinished jobs' task counts), so it never drifts from the
-truth: a job's allocation is its per-task resources times its tasks that hold resources (READY
-through KILLING), its demand adds its PENDING tasks.
+State lives in memory and is rebuilt at start (pools from the pool store, queues and
+allocations from the unfinished jobs' task counts, read through the job ledger:
+:mod:`peloton.core.ledger`), so it never drifts from the truth: a job's allocation is its
+per-task resources times its tasks that hold resources (READY through KILLING), its demand adds
+its PENDING tasks.
 
 The job manager tells us which jobs changed (:meth:`job_changed`, cheap); a *cycle* re-reads them,
 recomputes entitlements, admits what fits (PENDING -> READY, whole gangs), fails what never can,
@@ -27,21 +28,19 @@ from datetime import UTC, datetime
 
 from peloton.core.capacity import LostHost
 from peloton.core.gang import Gang
+from peloton.core.ledger import PoolStore, SchedulingLedger
 from peloton.core.pools import DEFAULT_POOL, ROOT, Policy, PoolConfig
 from peloton.core.records import JobRecord
 from peloton.core.resources import KINDS, ZERO, Resources, describe
 from peloton.core.states import Goal, JobState, TaskState
 from peloton.errors import InvalidArgument, NotFound
 from peloton.jobmgr import restarts
-from peloton.jobmgr.manager import JobManager
 from peloton.resmgr import admission, conservation, preemption
 from peloton.resmgr.admission import Decision, Room, Waiting
 from peloton.resmgr.conservation import Conserved
 from peloton.resmgr.entitlement import Calculator, Entitlements
 from peloton.resmgr.metrics import KindStatus, PoolStatus, ResmgrMetrics
 from peloton.resmgr.pool import PoolTree
-from peloton.storage import pools as repo
-from peloton.storage.db import Database
 
 log = logging.getLogger(__name__)
 
@@ -144,16 +143,18 @@ class ResourceManager:
 
     def __init__(
         self,
-        db: Database,
-        jobs: JobManager,
+        pools: PoolStore,
+        jobs: SchedulingLedger,
         *,
         metrics: ResmgrMetrics | None = None,
         clock: Callable[[], float] = time.time,
         cycle_seconds: float = 1.0,
         no_hosts: str = admission.NO_HOSTS_YET,
     ) -> None:
-        """``no_hosts``: why gangs wait while no host is known (e.g. no Mesos master)."""
-        self._db = db
+        """``pools``: where pool configurations are kept; ``jobs``: the job ledger every
+        admission, failure and preemption is written through. ``no_hosts``: why gangs wait
+        while no host is known (e.g. no Mesos master)."""
+        self._pools = pools
         self._no_hosts = no_hosts
         self._jobs = jobs
         self._clock = clock
@@ -178,16 +179,14 @@ class ResourceManager:
         self._admitted: deque[Gang] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._expired_at = 0.0  # when jobs past their max runtime were last looked for
         self._admission_listeners: list[Callable[[], None]] = []
         self.metrics.watch(self.statuses)
 
     # ---------------------------------------------------------------- life cycle
 
     def load(self) -> None:
-        """Rebuild pools, queues and allocations from the database (at daemon start)."""
-        with self._db.reading() as session:
-            pools = repo.all_pools(session)
+        """Rebuild pools, queues and allocations from what is stored (at daemon start)."""
+        pools = self._pools.all_pools()
         if not pools:
             # A fresh install: one leaf pool with no reservation, so jobs can run at once.
             self._write_created(PoolConfig(DEFAULT_POOL, owner="peloton"))
@@ -228,7 +227,6 @@ class ResourceManager:
                 if self._stopping:
                     return
             try:
-                self._expire_jobs()
                 self.run_cycle(ADMISSIONS_PER_CYCLE, when_changed=True)
             except Exception:  # keep scheduling; the next cycle re-reads everything it needs
                 log.exception("resource manager cycle failed")
@@ -238,14 +236,6 @@ class ResourceManager:
             # writes themselves need (a cycle costs the same for one changed job or many).
             with self._wake:
                 self._wake.wait_for(lambda: self._stopping, MIN_CYCLE_GAP_SECONDS)
-
-    def _expire_jobs(self) -> None:
-        """Jobs past their max runtime are killed (checked once per cycle period: cycles
-        triggered by changes come far more often)."""
-        now = self._clock()
-        if now - self._expired_at >= self._cycle_seconds:
-            self._expired_at = now
-            self._jobs.expire_jobs()
 
     # ---------------------------------------------------------------- inputs
 
@@ -293,8 +283,7 @@ class ResourceManager:
     def update_pool(self, config: PoolConfig) -> PoolStatus:
         with self._lock:
             tree = self._tree.with_updated(config)
-            with self._db.writing() as session:
-                repo.update_pool(session, config, _now())
+            self._pools.update_pool(config, _now())
             self._set_tree(tree)
             self.run_cycle()
             log.info("pool updated", extra={"pool": config.path})
@@ -303,8 +292,7 @@ class ResourceManager:
     def delete_pool(self, path: str) -> None:
         with self._lock:
             tree = self._tree.without(path, self._unfinished_by_pool())
-            with self._db.writing() as session:
-                repo.delete_pool(session, path)
+            self._pools.delete_pool(path)
             self._set_tree(tree)
             self.run_cycle()
             log.info("pool deleted", extra={"pool": path})
@@ -320,12 +308,10 @@ class ResourceManager:
             return dict(self._statuses)
 
     def _unfinished_by_pool(self) -> dict[str, int]:
-        with self._db.reading() as session:
-            return repo.unfinished_jobs_by_pool(session)
+        return self._pools.unfinished_jobs_by_pool()
 
     def _write_created(self, config: PoolConfig) -> None:
-        with self._db.writing() as session:
-            repo.insert_pool(session, config, _now())
+        self._pools.insert_pool(config, _now())
 
     def _set_tree(self, tree: PoolTree) -> None:
         self._tree = tree

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from peloton.core.pools import KindConfig, Policy, PoolConfig, QueuePolicy
 from peloton.core.states import JOB_TERMINAL
+from peloton.storage.db import Database
 from peloton.storage.models import JobRow, PoolRow
 
 
@@ -86,3 +87,31 @@ def unfinished_jobs_by_pool(session: Session) -> dict[str, int]:
 def pool_times(session: Session) -> dict[str, tuple[datetime, datetime]]:
     rows = session.execute(select(PoolRow.path, PoolRow.created_at, PoolRow.updated_at))
     return {path: (created, updated) for path, created, updated in rows}
+
+
+class SqlPoolStore:
+    """PoolStore (:mod:`peloton.core.ledger`) on the peloton database: one transaction per
+    call."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def all_pools(self) -> list[PoolConfig]:
+        with self._db.reading() as session:
+            return all_pools(session)
+
+    def insert_pool(self, config: PoolConfig, now: datetime) -> None:
+        with self._db.writing() as session:
+            insert_pool(session, config, now)
+
+    def update_pool(self, config: PoolConfig, now: datetime) -> None:
+        with self._db.writing() as session:
+            update_pool(session, config, now)
+
+    def delete_pool(self, path: str) -> None:
+        with self._db.writing() as session:
+            delete_pool(session, path)
+
+    def unfinished_jobs_by_pool(self) -> dict[str, int]:
+        with self._db.reading() as session:
+            return unfinished_jobs_by_pool(session)
