@@ -1,0 +1,191 @@
+"""The launcher on the in-memory job ledger and an in-memory offer pool: no database, no Mesos.
+
+What test_hostmgr_framework.py checks through pymesos and a scripted master, here in
+milliseconds: a gang is recorded READY -> LAUNCHING with where it runs and launched as one
+group per host with its ranks and peers; one that does not fit now goes back with the reason and
+stays READY; one that never fits fails; a failed launch or a lost host leaves no lease behind and
+the gang READY; a gang whose tasks were taken back meanwhile is not launched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import pytest
+from ledger_memory import MemoryLedger
+from support import FakeClock, RecordingKiller, make_spec
+from test_hostmgr_framework import ListSource
+from test_hostmgr_offers import raw_offer
+
+from peloton.core.gang import Gang
+from peloton.core.records import JobRecord, TaskUpdate, attempt_id
+from peloton.core.states import JobState, TaskState
+from peloton.hostmgr.launch import LaunchTask
+from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, OfferPool, parse_offer
+from peloton.placement.launcher import Launcher
+from peloton.v1 import job_pb2
+
+T = TaskState
+ALL_PORTS = ((1, 65535),)
+
+
+class PoolHosts:
+    """The launcher's Hosts over an OfferPool: every host offered whole, leases that do not
+    expire, and launches recorded (or refused, with ``refuse``)."""
+
+    def __init__(self, hosts: int, gpus: float = 4) -> None:
+        self.offers = [
+            parse_offer(raw_offer(f"o{i}", f"a{i}", f"h{i}", gpus=gpus), 0.0)
+            for i in range(1, hosts + 1)
+        ]
+        self.pool = OfferPool(lease_seconds=3600)
+        self.pool.add(self.offers)
+        self.launched: list[Sequence[tuple[Lease, Sequence[LaunchTask]]]] = []
+        self.demand: list[bool] = []
+        self.refuse: Exception | None = None
+
+    def snapshot(self) -> list[HostOffers]:
+        return self.pool.snapshot()
+
+    def totals(self) -> list[HostOffers]:
+        return [
+            HostOffers(o.hostname, o.agent_id, o.resources, ALL_PORTS, o.attributes)
+            for o in self.offers
+        ]
+
+    def lease(self, agent_id: str) -> Lease | None:
+        return self.pool.lease(agent_id, 0.0)
+
+    def release(self, lease: Lease) -> None:
+        self.pool.release(lease)
+
+    def launch(self, shares: Sequence[tuple[Lease, Sequence[LaunchTask]]]) -> None:
+        if self.refuse is not None:
+            raise self.refuse
+        self.pool.take_for_launch([lease for lease, _ in shares], 0.0)
+        self.launched.append(shares)
+
+    def set_demand(self, demand: bool) -> None:
+        self.demand.append(demand)
+
+
+@pytest.fixture
+def ledger() -> MemoryLedger:
+    return MemoryLedger(clock=FakeClock(), killer=RecordingKiller())
+
+
+def admitted(ledger: MemoryLedger, spec: job_pb2.JobSpec) -> tuple[JobRecord, Gang]:
+    job, _ = ledger.create_job(spec)
+    (instances,) = ledger.admit_pending([(job.id, spec.instances, "test")])
+    return job, Gang.of_job(job.id, job.spec, instances, datetime.now(UTC))
+
+
+def states(ledger: MemoryLedger, job_id: str) -> set[TaskState]:
+    return {t.state for t in ledger.list_tasks(job_id)[0]}
+
+
+def test_a_gang_is_recorded_and_launched_one_group_per_host(ledger: MemoryLedger) -> None:
+    job, gang = admitted(ledger, make_spec(3, gpu=2, ports=["http"]))
+    hosts = PoolHosts(2)
+    source = ListSource([gang])
+    assert Launcher(source, hosts, ledger).run_once() == 1
+    assert source.returned == []
+    assert hosts.demand == [True]
+
+    ((first, a), (second, b)) = hosts.launched[0]
+    assert (first.hostname, second.hostname) == ("h1", "h2")
+    assert [t.task_id for t in a] == [attempt_id(job.id, 0, 1), attempt_id(job.id, 1, 1)]
+    assert [t.task_id for t in b] == [attempt_id(job.id, 2, 1)]
+    envs = [t.env for t in (*a, *b)]
+    assert [e["PELOTON_RANK"] for e in envs] == ["0", "1", "2"]
+    assert [(e["PELOTON_LOCAL_RANK"], e["PELOTON_LOCAL_SIZE"]) for e in envs] == [
+        ("0", "2"),
+        ("1", "2"),
+        ("0", "1"),
+    ]
+    assert all(e["PELOTON_GANG_SIZE"] == "3" for e in envs)
+    # Each rank's first port, from its host's offers; its named port is the next one.
+    assert envs[0]["PELOTON_PEERS"] == "127.0.0.1:31000,127.0.0.1:31002,127.0.0.1:31000"
+    assert envs[1]["PELOTON_PORT_HTTP"] == "31003"
+
+    # Recorded with where each attempt runs, before the launch, in one change.
+    tasks = {t.instance_id: t for t in ledger.list_tasks(job.id)[0]}
+    assert {t.state for t in tasks.values()} == {T.LAUNCHING}
+    assert (tasks[2].current.host, tasks[2].current.agent_id) == ("h2", "a2")
+    assert tasks[0].current.executor_id and tasks[2].current.executor_id
+    events = [(e.instance_id, e.to_state) for e in ledger.job_events(job.id) if e.instance_id == 2]
+    assert [s for _, s in events] == ["READY", "PLACING", "PLACED", "LAUNCHING"]
+    assert hosts.pool.leased_hosts() == set() and hosts.snapshot() == []
+
+
+def test_a_gang_that_does_not_fit_now_goes_back_with_the_reason_and_stays_ready(
+    ledger: MemoryLedger,
+) -> None:
+    job, gang = admitted(ledger, make_spec(3, gpu=4))
+    hosts = PoolHosts(3)
+    assert hosts.pool.lease("a2", 0.0) is not None  # two hosts are taken by another placement
+    assert hosts.pool.lease("a3", 0.0) is not None
+    source = ListSource([gang])
+    assert Launcher(source, hosts, ledger).run_once() == 0
+    ((returned, reason),) = source.returned
+    assert returned is gang
+    assert reason == "needs 3 hosts with 4 free A100 GPUs; 1 host has them"
+    assert states(ledger, job.id) == {T.READY}
+    assert hosts.launched == []
+    assert hosts.pool.leased_hosts() == {"a2", "a3"}  # none of its own left behind
+
+
+def test_a_gang_no_hosts_could_ever_hold_fails_with_the_reason(ledger: MemoryLedger) -> None:
+    job, gang = admitted(ledger, make_spec(3, gpu=4))
+    source = ListSource([gang])
+    assert Launcher(source, PoolHosts(1), ledger).run_once() == 0
+    assert source.returned == []
+    got = ledger.get_job(job.id)
+    assert (got.state, got.reason) == (JobState.FAILED, "unplaceable")
+    assert "no set of the cluster's hosts fits" in got.message
+    assert states(ledger, job.id) == {T.FAILED}
+
+
+def test_a_failed_launch_releases_the_leases_and_requeues_the_gang_ready(
+    ledger: MemoryLedger,
+) -> None:
+    job, gang = admitted(ledger, make_spec(2, gpu=4))
+    hosts = PoolHosts(2)
+    hosts.refuse = LeaseError("lease on h2 (a2) lost an offer")
+    source = ListSource([gang])
+    assert Launcher(source, hosts, ledger).run_once() == 0
+    ((_, reason),) = source.returned
+    assert reason == "launch failed: lease on h2 (a2) lost an offer"
+    assert states(ledger, job.id) == {T.READY}
+    task = ledger.list_tasks(job.id)[0][0]
+    assert (task.current.attempt, task.current.reason) == (1, "requeued")
+    assert hosts.pool.leased_hosts() == set()
+    assert len(hosts.snapshot()) == 2  # offered again to the next round
+
+    hosts.refuse = None  # the next round launches it, in the same attempt
+    assert Launcher(source, hosts, ledger).run_once() == 1
+    assert states(ledger, job.id) == {T.LAUNCHING}
+
+
+def test_a_gang_taken_back_before_it_is_recorded_is_not_launched(ledger: MemoryLedger) -> None:
+    job, gang = admitted(ledger, make_spec(2, gpu=4))
+    ledger.preempt(job.id, "reclaimed")  # back to PENDING while the gang was in the queue
+    hosts = PoolHosts(2)
+    source = ListSource([gang])
+    assert Launcher(source, hosts, ledger).run_once() == 0
+    ((_, reason),) = source.returned
+    assert reason == "2 tasks of the gang are no longer READY"
+    assert hosts.launched == [] and hosts.pool.leased_hosts() == set()
+    assert states(ledger, job.id) == {T.PENDING}
+
+
+def test_a_recorded_gang_reports_running_through_the_same_ledger(ledger: MemoryLedger) -> None:
+    """What the host manager writes next (status updates) lands on what the launcher wrote."""
+    job, gang = admitted(ledger, make_spec(2, gpu=4))
+    assert Launcher(ListSource([gang]), PoolHosts(2), ledger).run_once() == 1
+    ledger.update_tasks(job.id, [TaskUpdate(i, 1, T.RUNNING) for i in (0, 1)])
+    got = ledger.get_job(job.id)
+    assert (got.state, dict(got.task_counts)) == (JobState.RUNNING, {T.RUNNING: 2})
+    hosts = {t.current.host for t in ledger.list_tasks(job.id)[0]}
+    assert hosts == {"h1", "h2"}
