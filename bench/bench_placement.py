@@ -31,8 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from peloton.core.gang import Gang, Placement
+from peloton.core.offers import HostOffers
 from peloton.core.resources import EXECUTOR_RESOURCES, Resources
-from peloton.hostmgr.offers import HostOffers
 from peloton.placement import engine, firstfit
 from peloton.v1 import common_pb2, job_pb2
 

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from peloton.core.offers import Lease, LeaseError, Offer, take_ports
 from peloton.core.resources import Resources
-from peloton.hostmgr.offers import Lease, LeaseError, Offer, OfferPool, parse_offer, take_ports
+from peloton.hostmgr.offers import OfferPool, parse_offer
 
 
 def raw_offer(

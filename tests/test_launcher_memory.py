@@ -19,10 +19,10 @@ from test_hostmgr_framework import ListSource
 from test_hostmgr_offers import raw_offer
 
 from peloton.core.gang import Gang
+from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError
 from peloton.core.records import JobRecord, TaskUpdate, attempt_id
 from peloton.core.states import JobState, TaskState
-from peloton.hostmgr.launch import LaunchTask
-from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, OfferPool, parse_offer
+from peloton.hostmgr.offers import OfferPool, parse_offer
 from peloton.placement.launcher import Launcher
 from peloton.v1 import job_pb2
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from peloton.core.gang import Gang, Placement
+from peloton.core.offers import HostOffers
 from peloton.core.resources import EXECUTOR_RESOURCES, Resources
-from peloton.hostmgr.offers import HostOffers
 from peloton.placement import engine, firstfit
 from peloton.v1 import common_pb2, job_pb2
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from peloton.core.constraints import matches
 from peloton.core.gang import Gang
+from peloton.core.offers import HostOffers
 from peloton.core.resources import EXECUTOR_RESOURCES, Resources
-from peloton.hostmgr.offers import HostOffers
 from peloton.placement.firstfit import place
 from peloton.v1 import common_pb2, job_pb2
 

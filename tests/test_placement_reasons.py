@@ -11,8 +11,8 @@ from test_placement_engine import clusters, gang, host
 
 from peloton.core.constraints import matches
 from peloton.core.gang import Gang
+from peloton.core.offers import HostOffers
 from peloton.core.resources import EXECUTOR_RESOURCES, Resources
-from peloton.hostmgr.offers import HostOffers
 from peloton.placement import engine
 from peloton.v1 import job_pb2
 

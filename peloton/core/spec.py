@@ -400,3 +400,8 @@ def _check_ports(ports: Any) -> None:
         if name in seen:
             raise InvalidArgument(f"task.ports[{i}]", f"duplicate port name {name!r}")
         seen.add(name)
+
+
+def is_gang(spec: job_pb2.JobSpec) -> bool:
+    """Whether the job's tasks live and die together."""
+    return spec.gang.min_instances > 1

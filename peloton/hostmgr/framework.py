@@ -27,6 +27,7 @@ from pymesos import MesosSchedulerDriver, Scheduler
 from peloton.core.capacity import LostHost
 from peloton.core.hosts import HostRecord, HostState, HostStore
 from peloton.core.ledger import HostLedger
+from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError, Offer, executor_id
 from peloton.core.records import AttemptRecord, TaskUpdate
 from peloton.core.resources import EXECUTOR_RESOURCES, Resources
 from peloton.core.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
@@ -34,9 +35,9 @@ from peloton.errors import FailedPrecondition, InvalidArgument, NotFound, Unavai
 from peloton.hostmgr import states as mesos_states
 from peloton.hostmgr.acks import Acknowledger
 from peloton.hostmgr.hosts import HostRegistry
-from peloton.hostmgr.launch import LaunchTask, executor_id, grace_policy, launch_group
+from peloton.hostmgr.launch import grace_policy, launch_group
 from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
-from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, Offer, OfferPool, parse_offer
+from peloton.hostmgr.offers import OfferPool, parse_offer
 
 log = logging.getLogger(__name__)
 

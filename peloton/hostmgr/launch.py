@@ -16,25 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from peloton.core.offers import LaunchTask, Lease
 from peloton.core.resources import Resources
-from peloton.hostmgr.offers import Lease
 
 _MESOS_NAMES = (("cpu", "cpus"), ("mem_mb", "mem"), ("disk_mb", "disk"), ("gpu", "gpus"))
 # Mesos compares scalars in fixed point, three decimals.
 _EPSILON = 0.0005
-
-
-@dataclass(frozen=True)
-class LaunchTask:
-    """One attempt to launch: its Mesos task id, name, command, environment, resources, ports."""
-
-    task_id: str
-    name: str
-    command: str
-    env: Mapping[str, str]
-    resources: Resources
-    ports: tuple[int, ...] = ()
-    kill_grace_seconds: int = 30
 
 
 @dataclass
@@ -116,12 +103,6 @@ def _ranges(ports: Sequence[int]) -> list[dict[str, int]]:
         else:
             out.append({"begin": p, "end": p})
     return out
-
-
-def executor_id(tasks: Sequence[LaunchTask]) -> str:
-    """The id of the executor running a host's share of a gang: named after its first task
-    (unique, as task ids are). Recorded with each attempt, it names the attempt's sandbox."""
-    return f"{tasks[0].task_id}-executor"
 
 
 def launch_group(

@@ -21,34 +21,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from peloton.core.resources import ZERO, Resources
+from peloton.core.offers import HostOffers, Lease, LeaseError, Offer, PortRange, total_of
+from peloton.core.resources import Resources
 
 # Mesos scalar resource names -> Resources kinds.
 _SCALARS = {"cpus": "cpu", "mem": "mem_mb", "disk": "disk_mb", "gpus": "gpu"}
-
-PortRange = tuple[int, int]
-
-
-class LeaseError(Exception):
-    """A lease cannot be used: it expired, was released, or lost an offer to a rescind."""
-
-
-@dataclass(frozen=True)
-class Offer:
-    """One Mesos offer, parsed: what peloton needs of it, plus the raw resources to echo back."""
-
-    offer_id: str
-    agent_id: str
-    hostname: str
-    resources: Resources
-    ports: tuple[PortRange, ...]
-    attributes: Mapping[str, str]
-    # The agent's HTTP address, host:port (from the offer's url): sandbox files are read there.
-    agent_address: str
-    # The offer's cpus, mem, disk, gpus and ports entries exactly as offered (role,
-    # reservations, allocation_info): a launch must name what it takes the same way.
-    entries: tuple[Mapping[str, Any], ...]
-    received_at: float
 
 
 def parse_offer(raw: Mapping[str, Any], now: float) -> Offer:
@@ -119,61 +96,6 @@ def _agent_address(url: Mapping[str, Any] | None, hostname: str) -> str:
     address = url.get("address", {})
     host = address.get("ip") or address.get("hostname") or hostname
     return f"{host}:{int(address.get('port', 5051))}"
-
-
-def port_count(ranges: Iterable[PortRange]) -> int:
-    return sum(end - begin + 1 for begin, end in ranges)
-
-
-def take_ports(ranges: Sequence[PortRange], n: int) -> list[int]:
-    """The ``n`` lowest ports of ``ranges`` (ValueError if there are fewer)."""
-    out: list[int] = []
-    for begin, end in ranges:
-        for port in range(begin, end + 1):
-            if len(out) == n:
-                return out
-            out.append(port)
-    if len(out) < n:
-        raise ValueError(f"needs {n} ports, the offers have {len(out)}")
-    return out
-
-
-@dataclass(frozen=True)
-class HostOffers:
-    """A host's free offered resources, as placement sees them in a snapshot."""
-
-    hostname: str
-    agent_id: str
-    free: Resources
-    ports: tuple[PortRange, ...]
-    attributes: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A claim on every offer one host had when it was leased."""
-
-    lease_id: str
-    hostname: str
-    agent_id: str
-    offers: tuple[Offer, ...]
-    expires_at: float
-
-    @property
-    def offer_ids(self) -> tuple[str, ...]:
-        return tuple(o.offer_id for o in self.offers)
-
-    @property
-    def resources(self) -> Resources:
-        return _sum(self.offers)
-
-    @property
-    def ports(self) -> tuple[PortRange, ...]:
-        return tuple(sorted(r for o in self.offers for r in o.ports))
-
-    @property
-    def agent_address(self) -> str:
-        return self.offers[0].agent_address if self.offers else ""
 
 
 @dataclass
@@ -263,7 +185,7 @@ class OfferPool:
                 HostOffers(
                     hostname=next(iter(host.offers.values())).hostname,
                     agent_id=agent_id,
-                    free=_sum(host.offers.values()),
+                    free=total_of(host.offers.values()),
                     ports=tuple(sorted(r for o in host.offers.values() for r in o.ports)),
                     attributes=next(iter(host.offers.values())).attributes,
                 )
@@ -353,10 +275,3 @@ class OfferPool:
         host.lease, host.spoiled = None, False
         if not host.offers:
             del self._hosts[agent_id]
-
-
-def _sum(offers: Iterable[Offer]) -> Resources:
-    total = ZERO
-    for o in offers:
-        total = total + o.resources
-    return total

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from peloton.core.spec import is_gang
 from peloton.core.states import TaskState
 from peloton.v1 import job_pb2
 
@@ -53,11 +54,6 @@ class Plan:
     restart: tuple[int, ...] = ()
     # New attempts wait until then; None: no restart.
     not_before: datetime | None = None
-
-
-def is_gang(spec: job_pb2.JobSpec) -> bool:
-    """Whether the job's tasks live and die together."""
-    return spec.gang.min_instances > 1
 
 
 def cause_of(failures: Sequence[Failure]) -> Failure:

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 
 from peloton.core.constraints import matches
 from peloton.core.gang import Gang, Placement
+from peloton.core.offers import HostOffers, port_count
 from peloton.core.resources import (
     EPSILON,
     EXECUTOR_RESOURCES,
@@ -63,7 +64,6 @@ from peloton.core.resources import (
     describe,
     format_amount,
 )
-from peloton.hostmgr.offers import HostOffers, port_count
 from peloton.v1 import job_pb2
 
 # A task asking for nothing fits any number of times; count it as this many.

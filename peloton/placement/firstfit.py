@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from peloton.core.constraints import matches
 from peloton.core.gang import Gang, Placement
+from peloton.core.offers import HostOffers, port_count
 from peloton.core.resources import EXECUTOR_RESOURCES, Resources
-from peloton.hostmgr.offers import HostOffers, port_count
 
 
 def place(gang: Gang, hosts: Sequence[HostOffers]) -> Placement:

@@ -27,12 +27,11 @@ from typing import Protocol
 
 from peloton.core.gang import AdmittedGangs, Gang
 from peloton.core.ledger import LaunchLedger
+from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError, executor_id, take_ports
 from peloton.core.records import TaskUpdate
 from peloton.core.resources import ZERO, Resources
 from peloton.core.states import TaskState
 from peloton.errors import PelotonError
-from peloton.hostmgr.launch import LaunchTask, executor_id
-from peloton.hostmgr.offers import HostOffers, Lease, LeaseError, take_ports
 from peloton.placement import engine
 from peloton.placement.metrics import HOST_TAKEN, INFEASIBLE, LAUNCH, NO_FIT, PlacementMetrics
 

@@ -32,9 +32,9 @@ from peloton.core.ledger import PoolStore, SchedulingLedger
 from peloton.core.pools import DEFAULT_POOL, ROOT, Policy, PoolConfig
 from peloton.core.records import JobRecord
 from peloton.core.resources import KINDS, ZERO, Resources, describe
+from peloton.core.spec import is_gang
 from peloton.core.states import Goal, JobState, TaskState
 from peloton.errors import InvalidArgument, NotFound
-from peloton.jobmgr import restarts
 from peloton.resmgr import admission, conservation, preemption
 from peloton.resmgr.admission import Decision, Room, Waiting
 from peloton.resmgr.conservation import Conserved
@@ -106,7 +106,7 @@ class JobView:
         not_before = self.job.not_before
         if not_before is not None and not_before.timestamp() > now:
             return True
-        return self.ending > 0 and restarts.is_gang(self.job.spec)
+        return self.ending > 0 and is_gang(self.job.spec)
 
 
 @dataclass(frozen=True)
