@@ -1,7 +1,11 @@
 """Daemon configuration: defaults < config file (YAML) < PELOTON_* environment < flags.
 
-The precedence is applied by the CLI (click reads flags and environment and takes the file as its
-defaults); this module defines the options, their defaults and the file format.
+:class:`ServerConfig` is the one declaration of every option of ``peloton server``: each field's
+:class:`Flag` metadata gives its help, its value range or choices and, where it has one, the
+:class:`~peloton.hostmgr.framework.MesosSettings` field it sets. The CLI generates the flag
+(``--grpc-port``) and the environment variable (``PELOTON_GRPC_PORT``) from the field's name and
+applies the precedence (click reads flags and environment and takes the file as its defaults); the
+config file uses the field names as keys.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import yaml
 from peloton.errors import InvalidArgument
 from peloton.storage.db import DbTimeouts, default_sqlite_url
 
+ENV_PREFIX = "PELOTON_"
+
 
 def default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
@@ -23,57 +29,169 @@ def default_data_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class ServerConfig:
-    """Every option of ``peloton server``; the config file uses these names as keys."""
+class Flag:
+    """How a :class:`ServerConfig` field is offered as a flag and a PELOTON_* variable."""
 
-    # Database URL: sqlite:///PATH or postgresql://USER@HOST:PORT/DB. Empty: SQLite in data_dir.
-    db_url: str = ""
+    help: str = ""
+    # Inclusive bounds of a number (None: unbounded).
+    min: float | None = None
+    max: float | None = None
+    # The only values a string may take.
+    choices: tuple[str, ...] = ()
+    # Whether --help shows the default (False where the help says what empty means).
+    show_default: bool = True
+    # The MesosSettings field that this option sets ("": none).
+    mesos: str = ""
+
+
+def option(default: Any, **flag: Any) -> Any:
+    """A :class:`ServerConfig` field with its :class:`Flag`."""
+    return field(default=default, metadata={"flag": Flag(**flag)})
+
+
+def flag_of(name: str) -> str:
+    """``grpc_port`` -> ``--grpc-port``."""
+    return "--" + name.replace("_", "-")
+
+
+def env_var_of(name: str) -> str:
+    """``grpc_port`` -> ``PELOTON_GRPC_PORT``."""
+    return ENV_PREFIX + name.upper()
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Every option of ``peloton server``, in the order ``--help`` lists them; the config file
+    uses these names as keys."""
+
+    db_url: str = option(
+        "",
+        help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB [default: SQLite in the data dir].",
+        show_default=False,
+    )
     # Directory for the embedded database and other local state.
-    data_dir: Path = field(default_factory=default_data_dir)
-    # Address and port of the gRPC API.
-    grpc_host: str = "127.0.0.1"
-    grpc_port: int = 5392
-    # Address and port of the Prometheus /metrics endpoint.
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 9392
-    # Threads serving unary RPCs (WatchJob streams wait on the event loop and hold none).
-    grpc_workers: int = 32
-    # Open WatchJob streams allowed in all and per client address; beyond: RESOURCE_EXHAUSTED.
-    max_watches: int = 10_000
-    max_watches_per_client: int = 2_000
-    # Seconds in-flight RPCs may take to finish on SIGTERM.
-    shutdown_grace_seconds: float = 10.0
-    # Logging: debug, info, warning, error; json or text.
-    log_level: str = "info"
-    log_format: str = "json"
+    data_dir: Path = field(
+        default_factory=default_data_dir,
+        metadata={"flag": Flag(help="Directory for the embedded SQLite database.")},
+    )
+    grpc_host: str = option("127.0.0.1", help="Address the gRPC API listens on.")
+    grpc_port: int = option(5392, help="gRPC API port (0: any free).", min=0, max=65535)
+    metrics_host: str = option("127.0.0.1", help="Address of the Prometheus /metrics endpoint.")
+    metrics_port: int = option(
+        9392, help="Prometheus /metrics port (0: any free).", min=0, max=65535
+    )
+    # WatchJob streams wait on the event loop and hold no thread.
+    grpc_workers: int = option(
+        32, help="Threads serving unary RPCs (open watches hold none).", min=1, max=1024
+    )
+    max_watches: int = option(
+        10_000, help="Open WatchJob streams allowed in all; beyond: RESOURCE_EXHAUSTED.", min=1
+    )
+    max_watches_per_client: int = option(
+        2_000,
+        help="Open WatchJob streams allowed per client address; beyond: RESOURCE_EXHAUSTED.",
+        min=1,
+    )
+    shutdown_grace_seconds: float = option(
+        10.0, help="Time in-flight RPCs get to finish on SIGTERM.", min=0
+    )
+    log_level: str = option(
+        "info",
+        help="Least severe log records written.",
+        choices=("debug", "info", "warning", "error"),
+    )
+    log_format: str = option(
+        "json",
+        help="Log records on stderr: one JSON object a line, or text.",
+        choices=("json", "text"),
+    )
     # Mesos master: host:port or zk://host:port,.../mesos. Empty: no Mesos (nothing launches).
-    mesos_master: str = ""
-    mesos_role: str = "*"
+    mesos_master: str = option(
+        "",
+        help="Mesos master host:port or zk://HOSTS/mesos [default: none, nothing is launched].",
+        show_default=False,
+        mesos="master",
+    )
+    mesos_role: str = option(
+        "*", help="Mesos role whose resources peloton is offered.", mesos="role"
+    )
+    mesos_principal: str = option(
+        "",
+        help="Mesos principal of the framework [default: none].",
+        show_default=False,
+        mesos="principal",
+    )
     # FrameworkInfo.user: agents (--switch_user, their default) run tasks as this user, who must
     # exist on every agent. Empty: the user the daemon runs as.
-    mesos_user: str = ""
-    mesos_principal: str = ""
-    framework_name: str = "peloton"
+    mesos_user: str = option(
+        "",
+        help="User the agents run tasks as (it must exist on every agent) [default: the daemon's].",
+        show_default=False,
+        mesos="user",
+    )
+    framework_name: str = option(
+        "peloton",
+        help="Mesos framework name; also the key of the saved framework id.",
+        mesos="framework_name",
+    )
     # Mesos keeps the tasks this long for a restarted daemon to take over (failover).
-    failover_timeout_seconds: float = 7 * 24 * 3600.0
-    # Offers are held this long while gangs wait, then declined for fresh ones.
-    offer_hold_seconds: float = 30.0
-    # Declines when nothing waits ask Mesos not to re-offer for this long (REVIVE overrides).
-    offer_refuse_seconds: float = 30.0
-    # A placement's claim on a host expires if the gang was not launched within this.
-    lease_seconds: float = 60.0
-    # Explicit + implicit task reconciliation period (also on every (re)subscription).
-    reconcile_interval_seconds: float = 300.0
-    # Database bounds: the longest a statement may run (an RPC's: at most until its deadline),
-    # a wait for a pooled connection, and a connect (also how soon keepalives find a dead peer).
-    db_statement_timeout_seconds: float = 30.0
-    db_pool_timeout_seconds: float = 5.0
-    db_connect_timeout_seconds: float = 5.0
-    # How often health probes the database (NOT_SERVING while it does not answer).
-    db_probe_interval_seconds: float = 2.0
-    # A lost agent's host still counts toward the capacity that decides a gang can never fit
-    # for this long (agents come back from reboots), as Mesos waits agent_reregister_timeout.
-    host_loss_grace_seconds: float = 600.0
+    failover_timeout_seconds: float = option(
+        7 * 24 * 3600.0,
+        help="How long Mesos keeps the tasks of a daemon that went away.",
+        min=0,
+        mesos="failover_timeout_seconds",
+    )
+    offer_hold_seconds: float = option(
+        30.0,
+        help="Offers are held this long while gangs wait, then declined for fresh ones.",
+        min=0,
+        mesos="offer_hold_seconds",
+    )
+    offer_refuse_seconds: float = option(
+        30.0,
+        help="Declines when nothing waits ask Mesos not to re-offer for this long (REVIVE "
+        "overrides).",
+        min=0,
+        mesos="refuse_seconds",
+    )
+    lease_seconds: float = option(
+        60.0,
+        help="A placement's claim on a host expires if the gang was not launched within this.",
+        min=0.1,
+        mesos="lease_seconds",
+    )
+    reconcile_interval_seconds: float = option(
+        300.0,
+        help="Period of explicit and implicit task reconciliation (also on every subscription).",
+        min=1,
+        mesos="reconcile_interval_seconds",
+    )
+    # As Mesos waits agent_reregister_timeout: agents come back from reboots.
+    host_loss_grace_seconds: float = option(
+        600.0,
+        help="How long a lost agent's host still counts toward the capacity gangs must fit.",
+        min=0,
+        mesos="host_loss_grace_seconds",
+    )
+    # Database bounds; keepalives find a dead peer about as soon as a connect times out.
+    db_statement_timeout_seconds: float = option(
+        30.0,
+        help="Longest a database statement may run (an RPC's: at most until its deadline).",
+        min=0.001,
+    )
+    db_pool_timeout_seconds: float = option(
+        5.0, help="Longest wait for a pooled database connection.", min=0
+    )
+    db_connect_timeout_seconds: float = option(
+        5.0,
+        help="Longest a database connect may take; keepalives find a dead peer about as soon.",
+        min=1,
+    )
+    db_probe_interval_seconds: float = option(
+        2.0,
+        help="How often health probes the database (NOT_SERVING while it does not answer).",
+        min=0.01,
+    )
 
     def __post_init__(self) -> None:
         # A config file gives strings; the rest of peloton wants a Path.
@@ -90,6 +208,14 @@ class ServerConfig:
             pool_seconds=self.db_pool_timeout_seconds,
             connect_seconds=self.db_connect_timeout_seconds,
         )
+
+    def mesos_values(self) -> dict[str, Any]:
+        """The options that set a MesosSettings field, by that field's name."""
+        return {
+            flag.mesos: getattr(self, f.name)
+            for f in fields(self)
+            if (flag := f.metadata["flag"]).mesos
+        }
 
 
 CONFIG_KEYS = tuple(f.name for f in fields(ServerConfig))

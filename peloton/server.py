@@ -178,19 +178,7 @@ class Server:
         from peloton.placement.launcher import Launcher
         from peloton.placement.metrics import PlacementMetrics
 
-        settings = MesosSettings(
-            master=c.mesos_master,
-            framework_name=c.framework_name,
-            role=c.mesos_role,
-            principal=c.mesos_principal,
-            user=c.mesos_user,
-            failover_timeout_seconds=c.failover_timeout_seconds,
-            offer_hold_seconds=c.offer_hold_seconds,
-            refuse_seconds=c.offer_refuse_seconds,
-            lease_seconds=c.lease_seconds,
-            reconcile_interval_seconds=c.reconcile_interval_seconds,
-            host_loss_grace_seconds=c.host_loss_grace_seconds,
-        )
+        settings = MesosSettings.from_config(c)
         # PostgreSQL takes writers of different jobs at once (their waits then overlap); SQLite
         # has one writer at a time, and queued writers poll for the lock.
         writers = 1 if db.dialect == "sqlite" else CONCURRENT_WRITERS

@@ -8,7 +8,7 @@ import click
 from sqlalchemy.engine import make_url
 
 from peloton.cli.main import cli_error
-from peloton.cli.server import config_option, database_options
+from peloton.cli.options import config_option, database_options
 from peloton.config import ServerConfig
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from pymesos import MesosSchedulerDriver, Scheduler
 
+from peloton.config import ServerConfig
 from peloton.core.capacity import LostHost
 from peloton.core.hosts import HostRecord, HostState, HostStore
 from peloton.core.ledger import HostLedger
@@ -48,30 +49,33 @@ _NO_REFUSE = {"refuse_seconds": 0.0}
 _CONNECT_TIMEOUT = 24 * 3600.0
 
 
+_DEFAULTS = ServerConfig()
+
+
 @dataclass(frozen=True)
 class MesosSettings:
-    """How peloton subscribes to Mesos and handles offers (from ServerConfig)."""
+    """How peloton subscribes to Mesos and handles offers: the ServerConfig options whose Flag
+    names a field here (their help says what each does; defaults are theirs)."""
 
     master: str
-    framework_name: str = "peloton"
-    role: str = "*"
-    principal: str = ""
+    framework_name: str = _DEFAULTS.framework_name
+    role: str = _DEFAULTS.mesos_role
+    principal: str = _DEFAULTS.mesos_principal
     # FrameworkInfo.user; empty: the daemon's. Mesos's own drivers fill in the current user, the
     # v1 API does not, and agents (--switch_user) fail every executor of a user that is empty.
-    user: str = ""
-    failover_timeout_seconds: float = 7 * 24 * 3600.0
-    # Offers are held this long while something waits for placement, then declined.
-    offer_hold_seconds: float = 30.0
-    # Refuse filter of declines when nothing waits (Mesos re-offers after this or on REVIVE).
-    refuse_seconds: float = 30.0
-    # A placement's claim on a host expires if not launched within this.
-    lease_seconds: float = 60.0
-    reconcile_interval_seconds: float = 300.0
+    user: str = _DEFAULTS.mesos_user
+    failover_timeout_seconds: float = _DEFAULTS.failover_timeout_seconds
+    offer_hold_seconds: float = _DEFAULTS.offer_hold_seconds
+    refuse_seconds: float = _DEFAULTS.offer_refuse_seconds
+    lease_seconds: float = _DEFAULTS.lease_seconds
+    reconcile_interval_seconds: float = _DEFAULTS.reconcile_interval_seconds
     # Heartbeats missing for this many intervals mean the connection is dead: reconnect.
     missed_heartbeats: int = 5
-    # A lost agent's host still counts toward the capacity that decides what can never fit
-    # for this long (it may come back: a reboot), as Mesos waits agent_reregister_timeout.
-    host_loss_grace_seconds: float = 600.0
+    host_loss_grace_seconds: float = _DEFAULTS.host_loss_grace_seconds
+
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> MesosSettings:
+        return cls(**config.mesos_values())
 
 
 def current_user() -> str:
