@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from sqlalchemy.engine import make_url
 
-from peloton.cli.main import cli_error
+from peloton.cli.common import cli_error
 from peloton.cli.options import config_option, database_options
 from peloton.config import ServerConfig
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import click
 
 from peloton.cli import output as out
-from peloton.cli.jobs import connect
+from peloton.cli.common import connect
 from peloton.v1 import common_pb2, host_pb2
 
 STATES = ("UP", "DRAINING", "DOWN")

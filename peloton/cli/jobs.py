@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from peloton.cli import output as out
-from peloton.cli.main import EXIT_USAGE, CliError, cli_error, read_text_file
+from peloton.cli.common import EXIT_USAGE, CliError, cli_error, connect, read_text_file
 from peloton.client import PelotonClient
 from peloton.core.spec import (
     check_pool_path,
@@ -25,19 +23,6 @@ from peloton.v1 import job_pb2
 JOB_STATES = [s.value for s in JobState]
 TASK_STATES = [s.value for s in TaskState]
 TERMINAL_PB = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_KILLED)
-
-
-@contextmanager
-def connect(ctx: click.Context) -> Iterator[PelotonClient]:
-    """A client for the command's --server; every error becomes a one-line CliError."""
-    obj = ctx.find_root().obj
-    try:
-        with PelotonClient(obj["server"], timeout=obj["timeout"]) as client:
-            yield client
-    except click.ClickException:
-        raise
-    except Exception as exc:
-        raise cli_error(exc, obj["server"]) from None
 
 
 # A whole job id; anything else is looked up as the start of one.

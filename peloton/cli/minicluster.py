@@ -9,7 +9,7 @@ from types import FrameType
 
 import click
 
-from peloton.cli.main import EXIT_USAGE, CliError
+from peloton.cli.common import EXIT_USAGE, CliError
 from peloton.logs import setup_logging
 from peloton.minicluster import AgentSpec, Minicluster
 from peloton.minicluster.spec import DEFAULT_ATTRIBUTES, DEFAULT_RESOURCES

@@ -10,7 +10,7 @@ from typing import Any, TypeVar, get_type_hints
 
 import click
 
-from peloton.cli.main import cli_error
+from peloton.cli.common import cli_error
 from peloton.config import Flag, ServerConfig, env_var_of, flag_of, load_config_file
 
 F = TypeVar("F", bound=Callable[..., Any])

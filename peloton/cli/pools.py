@@ -9,8 +9,7 @@ from typing import Any
 import click
 
 from peloton.cli import output as out
-from peloton.cli.jobs import connect
-from peloton.cli.main import cli_error, read_text_file
+from peloton.cli.common import cli_error, connect, read_text_file
 from peloton.core.resources import KINDS
 from peloton.core.spec import check_pool_path, load_yaml, parse_message_dict
 from peloton.errors import InvalidArgument

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from peloton.cli.main import cli_error
+from peloton.cli.common import cli_error
 from peloton.cli.options import config_option, config_options
 from peloton.config import ServerConfig
 from peloton.logs import setup_logging
