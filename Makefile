@@ -12,7 +12,7 @@ help:
 	@echo "make dev          virtualenv in $(VENV), editable install with dev tools, generated code"
 	@echo "make test         the whole test suite (SQLite and PostgreSQL; starts local PostgreSQL, installs prometheus)"
 	@echo "make test-mesos   end to end on real Mesos (PELOTON_TEST_MESOS_MASTER, else local real clusters)"
-	@echo "make lint         ruff, mypy and the generated-code check"
+	@echo "make lint         ruff, mypy, the import contracts and the generated-code check"
 	@echo "make bench        benchmarks (figures go in BENCHMARKS.md)"
 	@echo "make demo         a local cluster (2 agents x 2 GPUs) and a daemon on SQLite in .demo/: a pool"
 	@echo "                  tree, a 4-worker gang training with allreduce, its states, placement and loss"
@@ -49,6 +49,7 @@ lint: $(STAMP) proto-check
 	$(BIN)/ruff check peloton tests bench migrations
 	$(BIN)/ruff format --check peloton tests bench migrations
 	$(BIN)/mypy peloton bench
+	$(BIN)/lint-imports
 
 # prometheus and promtool, which the deploy and Prometheus tests run (Debian package, as root).
 prometheus:
