@@ -169,13 +169,13 @@ def _timed(op: Callable[[], object], reps: int) -> list[float]:
 
 def rank_envs(variant: str, n: int) -> list[dict[str, str]]:
     """PELOTON_* of each rank: one host (``shm``) or one host per rank (``tcp``)."""
-    from peloton.collective.run import Placement, local_free_ports, rank_env
+    from peloton.collective.run import RankSeat, local_free_ports, rank_env
 
     peers = [f"127.0.0.1:{p}" for p in local_free_ports(n)]
     if variant == "shm":
-        places = [Placement(r, "localhost", r, n, 0, 1) for r in range(n)]
+        places = [RankSeat(r, "localhost", r, n, 0, 1) for r in range(n)]
     else:
-        places = [Placement(r, f"host{r}", 0, 1, r, n) for r in range(n)]
+        places = [RankSeat(r, f"host{r}", 0, 1, r, n) for r in range(n)]
     return [rank_env(p, n, peers) for p in places]
 
 

@@ -271,7 +271,7 @@ def test_broadcast_optimizer_state_gives_every_rank_the_roots(trained: tuple[int
 
 def test_a_dead_rank_makes_step_raise_on_the_others(tmp_path: Path) -> None:
     """Without peloton-run (which would stop them): the survivors see the error themselves."""
-    from peloton.collective.run import Placement, local_free_ports, rank_env
+    from peloton.collective.run import RankSeat, local_free_ports, rank_env
 
     n = 3
     peers = [f"127.0.0.1:{p}" for p in local_free_ports(n)]
@@ -281,7 +281,7 @@ def test_a_dead_rank_makes_step_raise_on_the_others(tmp_path: Path) -> None:
             cwd=REPO,
             env={
                 **os.environ,
-                **rank_env(Placement(r, "localhost", r, n, 0, 1), n, peers, timeout=5),
+                **rank_env(RankSeat(r, "localhost", r, n, 0, 1), n, peers, timeout=5),
             },
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -54,7 +54,7 @@ class HostSlots:
 
 
 @dataclass(frozen=True)
-class Placement:
+class RankSeat:
     """Where one rank runs and its coordinates (Horovod's local and cross ranks)."""
 
     rank: int
@@ -89,7 +89,7 @@ def parse_hosts(spec: str) -> list[HostSlots]:
     return hosts
 
 
-def assign_ranks(hosts: Sequence[HostSlots], size: int) -> list[Placement]:
+def assign_ranks(hosts: Sequence[HostSlots], size: int) -> list[RankSeat]:
     """Fill each host's slots in order with ranks ``0..size-1``.
 
     ``cross_rank`` is a rank's position among the ranks with the same ``local_rank`` (one per
@@ -107,14 +107,14 @@ def assign_ranks(hosts: Sequence[HostSlots], size: int) -> list[Placement]:
         if take:
             per_host.append((h.host, take))
         left -= take
-    placements: list[Placement] = []
+    seats: list[RankSeat] = []
     for index, (host, count) in enumerate(per_host):
         for local_rank in range(count):
             # The hosts that have a rank with this local_rank, in host order.
             cross = [i for i, (_, n) in enumerate(per_host) if n > local_rank]
-            placements.append(
-                Placement(
-                    rank=len(placements),
+            seats.append(
+                RankSeat(
+                    rank=len(seats),
                     host=host,
                     local_rank=local_rank,
                     local_size=count,
@@ -122,11 +122,11 @@ def assign_ranks(hosts: Sequence[HostSlots], size: int) -> list[Placement]:
                     cross_size=len(cross),
                 )
             )
-    return placements
+    return seats
 
 
 def rank_env(
-    p: Placement,
+    p: RankSeat,
     size: int,
     peers: Sequence[str],
     timeout: float | None = None,
@@ -191,19 +191,19 @@ def remote_free_ports(host: str, count: int, ssh: Sequence[str]) -> list[int]:
     return ports
 
 
-def peer_addresses(placements: Sequence[Placement], ssh: Sequence[str]) -> list[str]:
+def peer_addresses(seats: Sequence[RankSeat], ssh: Sequence[str]) -> list[str]:
     """``host:port`` of every rank, with ports free on each host."""
-    all_local = all(is_local(p.host) for p in placements)
+    all_local = all(is_local(p.host) for p in seats)
     # Ranks on other hosts must reach this one by a name that is not loopback.
     here = "127.0.0.1" if all_local else socket.getfqdn()
     counts: dict[str, int] = {}
-    for p in placements:
+    for p in seats:
         counts[p.host] = counts.get(p.host, 0) + 1
     ports: dict[str, Iterator[int]] = {}
     for host, n in counts.items():
         got = local_free_ports(n) if is_local(host) else remote_free_ports(host, n, ssh)
         ports[host] = iter(got)
-    return [f"{here if is_local(p.host) else p.host}:{next(ports[p.host])}" for p in placements]
+    return [f"{here if is_local(p.host) else p.host}:{next(ports[p.host])}" for p in seats]
 
 
 def remote_command(command: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
@@ -259,12 +259,12 @@ class _Output:
 
 @dataclass
 class _Rank:
-    placement: Placement
+    seat: RankSeat
     proc: subprocess.Popen[bytes]
     exited: bool = False
 
 
-class Launcher:
+class RankSupervisor:
     """Starts the ranks, watches them, and stops them all when one fails or on a signal."""
 
     def __init__(self, kill_grace: float, err: Callable[[str], None]) -> None:
@@ -275,7 +275,7 @@ class Launcher:
         self._output = _Output()
 
     def start(
-        self, placement: Placement, argv: Sequence[str], env: Mapping[str, str], remote: bool
+        self, seat: RankSeat, argv: Sequence[str], env: Mapping[str, str], remote: bool
     ) -> None:
         """Start one rank in its own process group, its output prefixed."""
         try:
@@ -289,15 +289,13 @@ class Launcher:
                 start_new_session=True,
             )
         except OSError as exc:
-            raise RunError(
-                f"cannot start rank {placement.rank}: {argv[0]}: {exc.strerror}"
-            ) from None
-        rank = _Rank(placement, proc)
+            raise RunError(f"cannot start rank {seat.rank}: {argv[0]}: {exc.strerror}") from None
+        rank = _Rank(seat, proc)
         self._ranks.append(rank)
         assert proc.stdout is not None and proc.stderr is not None
-        self._output.pump(placement.rank, proc.stdout, sys.stdout.buffer)
-        self._output.pump(placement.rank, proc.stderr, sys.stderr.buffer)
-        threading.Thread(target=self._wait, args=(placement.rank, proc), daemon=True).start()
+        self._output.pump(seat.rank, proc.stdout, sys.stdout.buffer)
+        self._output.pump(seat.rank, proc.stderr, sys.stderr.buffer)
+        threading.Thread(target=self._wait, args=(seat.rank, proc), daemon=True).start()
 
     def _wait(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         self._events.put(("exit", rank, proc.wait()))
@@ -381,25 +379,25 @@ def launch(
     kill_grace: float = 5.0,
 ) -> int:
     """Run ``command`` as ``size`` ranks over ``hosts``; the exit code (see the module doc)."""
-    placements = assign_ranks(hosts, size)
-    peers = peer_addresses(placements, ssh)
+    seats = assign_ranks(hosts, size)
+    peers = peer_addresses(seats, ssh)
     extra = _extra_env(env_names)
-    launcher = Launcher(kill_grace, _print_err)
-    old = {s: signal.signal(s, launcher.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    ranks = RankSupervisor(kill_grace, _print_err)
+    old = {s: signal.signal(s, ranks.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
-            for p in placements:
+            for p in seats:
                 env = rank_env(p, size, peers, timeout, fusion_threshold) | extra
                 if is_local(p.host):
                     full = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-                    launcher.start(p, command, full, remote=False)
+                    ranks.start(p, command, full, remote=False)
                 else:
                     line = remote_command(command, {"PYTHONUNBUFFERED": "1", **env}, os.getcwd())
-                    launcher.start(p, [*ssh, p.host, line], os.environ, remote=True)
+                    ranks.start(p, [*ssh, p.host, line], os.environ, remote=True)
         except RunError:
-            launcher.kill_all()
+            ranks.kill_all()
             raise
-        return launcher.wait()
+        return ranks.wait()
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
@@ -412,7 +410,7 @@ def _extra_env(names: Sequence[str]) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
             raise RunError(f"-x: {item!r} is not a variable name")
-        if name.startswith("PELOTON_") and name in rank_env(Placement(0, "", 0, 1, 0, 1), 1, []):
+        if name.startswith("PELOTON_") and name in rank_env(RankSeat(0, "", 0, 1, 0, 1), 1, []):
             raise RunError(f"-x: {name} is set by peloton-run")
         if sep:
             env[name] = value
