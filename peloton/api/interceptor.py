@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -172,6 +173,26 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         code = context.code()
         self._finish(method, code if isinstance(code, grpc.StatusCode) else _UNKNOWN, started)
 
+    @asynccontextmanager
+    async def _answering(
+        self, method: str, context: Context, started: float
+    ) -> AsyncIterator[None]:
+        """Count how the handler run in the block ends, and turn its errors into the RPC's
+        status: cancelled (the client went away, or the server is stopping), aborted by the
+        handler itself, a domain error, or OK."""
+        try:
+            yield
+        except (asyncio.CancelledError, GeneratorExit):
+            self._finish(method, grpc.StatusCode.CANCELLED, started)
+            raise
+        except grpc.aio.AbortError:
+            self._aborted(method, context, started)
+            raise
+        except Exception as exc:
+            await self._fail(method, exc, context, started)
+        else:
+            self._finish(method, grpc.StatusCode.OK, started)
+
     def _unary(
         self, method: str, behavior: Callable[[Any, Any], Any]
     ) -> Callable[[Any, Context], Awaitable[Any]]:
@@ -183,25 +204,17 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             # The database work is bounded by the client's deadline, and cut if the RPC ends
             # (cancelled, past its deadline: the server cancels this coroutine) before it does.
             scope = RpcScope(context.time_remaining())
-            try:
-                if asynchronous:
-                    response = await behavior(request, context)
-                else:
-                    call = partial(_in_scope, scope, behavior, request, context)
-                    response = await asyncio.get_running_loop().run_in_executor(
-                        self._executor, call
-                    )
-            except asyncio.CancelledError:
-                self._finish(method, grpc.StatusCode.CANCELLED, started)
-                raise
-            except grpc.aio.AbortError:
-                self._aborted(method, context, started)
-                raise
-            except Exception as exc:
-                await self._fail(method, exc, context, started)
-            finally:
-                scope.end()
-            self._finish(method, grpc.StatusCode.OK, started)
+            async with self._answering(method, context, started):
+                try:
+                    if asynchronous:
+                        response = await behavior(request, context)
+                    else:
+                        call = partial(_in_scope, scope, behavior, request, context)
+                        response = await asyncio.get_running_loop().run_in_executor(
+                            self._executor, call
+                        )
+                finally:
+                    scope.end()
             return response
 
         return run
@@ -216,19 +229,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         async def run(request: Any, context: Context) -> AsyncIterator[Any]:
             started = time.perf_counter()
             await self._check(method, request, context, started)
-            try:
+            async with self._answering(method, context, started):
                 async for response in behavior(request, context):
                     yield response
-            except (asyncio.CancelledError, GeneratorExit):
-                # The client went away (or the server is stopping) mid-stream.
-                self._finish(method, grpc.StatusCode.CANCELLED, started)
-                raise
-            except grpc.aio.AbortError:
-                self._aborted(method, context, started)
-                raise
-            except Exception as exc:
-                await self._fail(method, exc, context, started)
-            self._finish(method, grpc.StatusCode.OK, started)
 
         return run
 
