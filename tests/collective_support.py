@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from peloton.core.gangenv import GangEnv
+
 
 def free_ports(n: int) -> list[int]:
     """Ports the kernel just handed out (all held at once, so they are distinct)."""
@@ -31,16 +33,16 @@ def rank_env(
     rank: int, size: int, peers: list[str], local_size: int = 1, timeout: float = 10.0
 ) -> dict[str, str]:
     """The PELOTON_* variables the scheduler would set for one rank (hosts of local_size ranks)."""
-    return {
-        "PELOTON_RANK": str(rank),
-        "PELOTON_GANG_SIZE": str(size),
-        "PELOTON_PEERS": ",".join(peers),
-        "PELOTON_LOCAL_RANK": str(rank % local_size),
-        "PELOTON_LOCAL_SIZE": str(local_size),
-        "PELOTON_CROSS_RANK": str(rank // local_size),
-        "PELOTON_CROSS_SIZE": str(max(1, size // local_size)),
-        "PELOTON_COLLECTIVE_TIMEOUT": f"{timeout:g}",
-    }
+    return GangEnv(
+        rank=rank,
+        size=size,
+        peers=tuple(peers),
+        local_rank=rank % local_size,
+        local_size=local_size,
+        cross_rank=rank // local_size,
+        cross_size=max(1, size // local_size),
+        timeout=timeout,
+    ).to_env()
 
 
 @dataclass

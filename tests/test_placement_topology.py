@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from peloton.placement.launcher import Rank, topology
+from peloton.core.gangenv import Rank, topology
 
 
 def test_two_hosts_of_two() -> None:

@@ -6,6 +6,7 @@ Every rank of a gang runs the same script::
     import peloton.collective as pc
 
     pc.init()                                   # from PELOTON_RANK, PELOTON_PEERS, ...
+                                                # (peloton.core.gangenv)
     grad = np.ones(1000, dtype=np.float32)
     mean = pc.allreduce(grad, op="average")     # a new array, the same on every rank
     pc.shutdown()
@@ -32,6 +33,7 @@ import numpy as np
 
 from peloton.collective import _core
 from peloton.collective._core import CollectiveError
+from peloton.core.gangenv import DEFAULT_TIMEOUT, GangEnv, GangEnvError
 
 __all__ = [
     "CollectiveError",
@@ -59,8 +61,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-DEFAULT_TIMEOUT = 30.0
-DEFAULT_FUSION_THRESHOLD = 64 << 20
 
 # Wire codes shared with csrc/common.h.
 _KIND = {"allreduce": 0, "allgather": 1, "broadcast": 2, "reduce_scatter": 3, "barrier": 4}
@@ -76,74 +76,15 @@ _TORCH_DTYPES = {
 }
 
 
-@dataclass(frozen=True)
-class _Topology:
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-
-
 _lock = threading.Lock()
 _runtime: _core.Runtime | None = None
-_topology: _Topology | None = None
+_topology: GangEnv | None = None
 _counters: dict[str, itertools.count[int]] = {}
 _timeout = DEFAULT_TIMEOUT
 _nccl: _core.NcclComm | None = None
 
 
 # ---------------------------------------------------------------- init and topology
-
-
-def _env_int(var: str, given: int | None, default: int | None = None) -> int:
-    if given is not None:
-        return int(given)
-    raw = os.environ.get(var)
-    if raw is None or raw.strip() == "":
-        if default is None:
-            raise CollectiveError(f"{var} is not set (pass it to init() or set the variable)")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise CollectiveError(f"{var}={raw!r} is not an integer") from None
-
-
-def _env_float(var: str, given: float | None, default: float) -> float:
-    raw = str(given) if given is not None else os.environ.get(var)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise CollectiveError(f"{var}={raw!r} is not a number") from None
-    if not value > 0:
-        raise CollectiveError(f"{var}={raw!r} must be positive")
-    return value
-
-
-def _parse_peers(peers: list[str] | str | None, size: int) -> tuple[list[str], list[int]]:
-    if peers is None:
-        raw = os.environ.get("PELOTON_PEERS")
-        if not raw:
-            raise CollectiveError("PELOTON_PEERS is not set (pass peers= to init() or set it)")
-        peers = raw
-    entries = [p.strip() for p in peers.split(",")] if isinstance(peers, str) else list(peers)
-    if len(entries) != size:
-        raise CollectiveError(f"PELOTON_PEERS lists {len(entries)} addresses for a gang of {size}")
-    hosts: list[str] = []
-    ports: list[int] = []
-    for i, entry in enumerate(entries):
-        host, sep, port = entry.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise CollectiveError(
-                f"PELOTON_PEERS entry {i} {entry!r} is not host:port (port 1-65535)"
-            )
-        hosts.append(host.strip("[]"))
-        ports.append(int(port))
-    return hosts, ports
 
 
 def init(
@@ -165,45 +106,35 @@ def init(
             raise CollectiveError(
                 "peloton.collective is already initialized; call shutdown() first"
             )
-        the_size = _env_int("PELOTON_GANG_SIZE", size)
-        the_rank = _env_int("PELOTON_RANK", rank)
-        if the_size < 1:
-            raise CollectiveError(f"PELOTON_GANG_SIZE={the_size} must be at least 1")
-        if not 0 <= the_rank < the_size:
-            raise CollectiveError(f"PELOTON_RANK={the_rank} is outside a gang of {the_size}")
-        hosts, ports = _parse_peers(peers, the_size)
-        lrank = _env_int("PELOTON_LOCAL_RANK", local_rank, 0)
-        lsize = _env_int("PELOTON_LOCAL_SIZE", local_size, 1)
-        if not 0 <= lrank < lsize:
-            raise CollectiveError(
-                f"PELOTON_LOCAL_RANK={lrank} is outside PELOTON_LOCAL_SIZE={lsize}"
+        try:
+            topo = GangEnv.from_env(
+                os.environ,
+                rank=rank,
+                size=size,
+                peers=peers,
+                local_rank=local_rank,
+                local_size=local_size,
+                timeout=timeout,
+                fusion_threshold=fusion_threshold,
             )
-        topo = _Topology(
-            rank=the_rank,
-            size=the_size,
-            local_rank=lrank,
-            local_size=lsize,
-            cross_rank=_env_int("PELOTON_CROSS_RANK", None, the_rank // lsize),
-            cross_size=_env_int("PELOTON_CROSS_SIZE", None, max(1, the_size // lsize)),
-        )
-        seconds = _env_float("PELOTON_COLLECTIVE_TIMEOUT", timeout, DEFAULT_TIMEOUT)
-        fusion = int(
-            _env_float("PELOTON_FUSION_THRESHOLD", fusion_threshold, DEFAULT_FUSION_THRESHOLD)
-        )
+        except GangEnvError as exc:
+            raise CollectiveError(str(exc)) from None
+        hosts, ports = topo.addresses()
+        assert topo.timeout is not None and topo.fusion_threshold is not None
         _runtime = _core.Runtime(
-            the_rank,
-            the_size,
+            topo.rank,
+            topo.size,
             hosts,
             ports,
-            seconds,
-            fusion,
+            topo.timeout,
+            topo.fusion_threshold,
             local_rank=topo.local_rank,
             local_size=topo.local_size,
             cross_rank=topo.cross_rank,
             cross_size=topo.cross_size,
         )
         _topology = topo
-        _timeout = seconds
+        _timeout = topo.timeout
         _counters.clear()
 
 
@@ -224,7 +155,7 @@ def is_initialized() -> bool:
     return _runtime is not None
 
 
-def _topo() -> _Topology:
+def _topo() -> GangEnv:
     if _topology is None:
         raise CollectiveError("peloton.collective is not initialized: call init() first")
     return _topology

@@ -31,6 +31,8 @@ from typing import IO
 
 import click
 
+from peloton.core.gangenv import TOPOLOGY_VARS, GangEnv, Rank, topology
+
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1"})
 DEFAULT_SSH = "ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new"
 EXIT_USAGE = 2
@@ -92,6 +94,7 @@ def parse_hosts(spec: str) -> list[HostSlots]:
 def assign_ranks(hosts: Sequence[HostSlots], size: int) -> list[RankSeat]:
     """Fill each host's slots in order with ranks ``0..size-1``.
 
+    Local and cross ranks are the scheduler's (:func:`peloton.core.gangenv.topology`):
     ``cross_rank`` is a rank's position among the ranks with the same ``local_rank`` (one per
     host), ``cross_size`` their number: the ring between hosts in a hierarchical allreduce.
     """
@@ -100,53 +103,27 @@ def assign_ranks(hosts: Sequence[HostSlots], size: int) -> list[RankSeat]:
     total = sum(h.slots for h in hosts)
     if total < size:
         raise RunError(f"-np {size}: the hosts have only {total} slots")
-    per_host: list[tuple[str, int]] = []
-    left = size
+    by_rank: list[str] = []
     for h in hosts:
-        take = min(h.slots, left)
-        if take:
-            per_host.append((h.host, take))
-        left -= take
-    seats: list[RankSeat] = []
-    for index, (host, count) in enumerate(per_host):
-        for local_rank in range(count):
-            # The hosts that have a rank with this local_rank, in host order.
-            cross = [i for i, (_, n) in enumerate(per_host) if n > local_rank]
-            seats.append(
-                RankSeat(
-                    rank=len(seats),
-                    host=host,
-                    local_rank=local_rank,
-                    local_size=count,
-                    cross_rank=cross.index(index),
-                    cross_size=len(cross),
-                )
-            )
-    return seats
+        by_rank += [h.host] * min(h.slots, size - len(by_rank))
+    return [
+        RankSeat(rank, host, r.local_rank, r.local_size, r.cross_rank, r.cross_size)
+        for rank, (host, r) in enumerate(zip(by_rank, topology(by_rank), strict=True))
+    ]
 
 
 def rank_env(
-    p: RankSeat,
+    seat: RankSeat,
     size: int,
     peers: Sequence[str],
     timeout: float | None = None,
     fusion_threshold: int | None = None,
 ) -> dict[str, str]:
-    """The PELOTON_* variables of one rank, as the scheduler sets them."""
-    env = {
-        "PELOTON_RANK": str(p.rank),
-        "PELOTON_GANG_SIZE": str(size),
-        "PELOTON_PEERS": ",".join(peers),
-        "PELOTON_LOCAL_RANK": str(p.local_rank),
-        "PELOTON_LOCAL_SIZE": str(p.local_size),
-        "PELOTON_CROSS_RANK": str(p.cross_rank),
-        "PELOTON_CROSS_SIZE": str(p.cross_size),
-    }
-    if timeout is not None:
-        env["PELOTON_COLLECTIVE_TIMEOUT"] = f"{timeout:g}"
-    if fusion_threshold is not None:
-        env["PELOTON_FUSION_THRESHOLD"] = str(fusion_threshold)
-    return env
+    """The PELOTON_* variables of one rank, as the scheduler sets them (the gang contract)."""
+    where = Rank(seat.local_rank, seat.local_size, seat.cross_rank, seat.cross_size)
+    return GangEnv.at(
+        seat.rank, size, peers, where, timeout=timeout, fusion_threshold=fusion_threshold
+    ).to_env()
 
 
 def is_local(host: str) -> bool:
@@ -410,7 +387,7 @@ def _extra_env(names: Sequence[str]) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
             raise RunError(f"-x: {item!r} is not a variable name")
-        if name.startswith("PELOTON_") and name in rank_env(RankSeat(0, "", 0, 1, 0, 1), 1, []):
+        if name in TOPOLOGY_VARS:
             raise RunError(f"-x: {name} is set by peloton-run")
         if sep:
             env[name] = value

@@ -11,7 +11,8 @@ Every task starts knowing its gang (task discovery): ``PELOTON_RANK``, ``PELOTON
 ``PELOTON_LOCAL_RANK``/``SIZE`` (among the gang's tasks on its host), ``PELOTON_CROSS_RANK``/
 ``SIZE`` (among the hosts holding a task of its local rank), ``PELOTON_PEERS`` (``address:port``
 of every rank, in rank order: each task's first port, taken from the offers) and
-``PELOTON_PORT_<NAME>`` for its named ports. The collective runtime boots from exactly these.
+``PELOTON_PORT_<NAME>`` for its named ports. The collective runtime boots from exactly these
+(the contract: :mod:`peloton.core.gangenv`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Protocol
 
 from peloton.core.gang import AdmittedGangs, Gang
+from peloton.core.gangenv import GangEnv, topology
 from peloton.core.ledger import LaunchLedger
 from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError, executor_id, take_ports
 from peloton.core.records import TaskUpdate
@@ -66,32 +67,6 @@ class _NotPlaced(Exception):
     def __init__(self, why: str, kind: str = LAUNCH) -> None:
         super().__init__(why)
         self.kind = kind
-
-
-@dataclass(frozen=True)
-class Rank:
-    """Where one rank of a gang sits among the gang's tasks and hosts."""
-
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-
-
-def topology(hosts: Sequence[str]) -> list[Rank]:
-    """Each rank's local and cross rank for tasks on ``hosts`` (by rank, as placement gives
-    them: a host's ranks are contiguous). Ranks with local rank k on different hosts form a
-    cross group, numbered in the order their hosts first appear."""
-    local_size = Counter(hosts)
-    order = list(dict.fromkeys(hosts))
-    out: list[Rank] = []
-    seen: Counter[str] = Counter()
-    for host in hosts:
-        k = seen[host]
-        seen[host] += 1
-        group = [h for h in order if local_size[h] > k]
-        out.append(Rank(k, local_size[host], group.index(host), len(group)))
-    return out
 
 
 class Launcher:
@@ -301,30 +276,21 @@ class Launcher:
             for host, r in zip(hosts, ranks, strict=True)
         ]
         address = {h: _address(lease) for h, lease in leases.items()}
-        peers = ",".join(f"{address[h]}:{p[0]}" for h, p in zip(hosts, ports, strict=True))
+        peers = [f"{address[h]}:{p[0]}" for h, p in zip(hosts, ports, strict=True)]
         by_host: dict[str, list[LaunchTask]] = {}
         for rank, (instance, host) in enumerate(zip(gang.instances, hosts, strict=True)):
             task_id = f"{gang.job_id}-{instance}-{attempts[instance]}"
-            r = ranks[rank]
-            env = dict(gang.spec.task.env)
-            env.update(
-                PELOTON_JOB_ID=gang.job_id,
-                PELOTON_INSTANCE_ID=str(instance),
-                PELOTON_ATTEMPT_ID=task_id,
-                PELOTON_GANG_SIZE=str(gang.size),
-                PELOTON_RANK=str(rank),
-                PELOTON_LOCAL_RANK=str(r.local_rank),
-                PELOTON_LOCAL_SIZE=str(r.local_size),
-                PELOTON_CROSS_RANK=str(r.cross_rank),
-                PELOTON_CROSS_SIZE=str(r.cross_size),
-                PELOTON_PEERS=peers,
+            gang_env = GangEnv.at(
+                rank,
+                gang.size,
+                peers,
+                ranks[rank],
+                job_id=gang.job_id,
+                instance_id=instance,
+                attempt_id=task_id,
+                ports=tuple(zip(names, ports[rank][1:], strict=True)),
             )
-            env.update(
-                {
-                    f"PELOTON_PORT_{n.upper()}": str(p)
-                    for n, p in zip(names, ports[rank][1:], strict=True)
-                }
-            )
+            env = dict(gang.spec.task.env) | gang_env.to_env()
             by_host.setdefault(host, []).append(
                 LaunchTask(
                     task_id=task_id,
