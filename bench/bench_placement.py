@@ -69,7 +69,8 @@ class FirstFitRound:
     """The baseline on a shrinking snapshot, like :class:`engine.Snapshot`."""
 
     def __init__(self, hosts: Sequence[HostOffers]) -> None:
-        self.free = {h.hostname: h for h in hosts}
+        # Placements name hosts by agent id (several agents may share a hostname).
+        self.free = {h.agent_id: h for h in hosts}
 
     def place(self, g: Gang) -> Placement:
         p = firstfit.place(g, list(self.free.values()))
@@ -133,7 +134,7 @@ def replay(place: Callable[[Gang, Sequence[HostOffers]], Placement], arrivals: l
            hosts: list[HostOffers]) -> dict[str, float]:  # fmt: skip
     """Strict FIFO over the trace; returns the allocation ratio when the head is blocked and the
     mean queueing delay."""
-    free = {h.hostname: h for h in hosts}
+    free = {h.agent_id: h for h in hosts}  # placements name agents
     total_gpu = sum(h.free.gpu for h in hosts)
     ends: list[tuple[float, int, list[tuple[str, Resources]]]] = []
     queue: list[Arrival] = []
