@@ -21,7 +21,7 @@ from peloton.v1 import common_pb2, job_pb2, job_pb2_grpc
 RPC_TIMEOUT_S = 60.0
 
 
-def job_spec(name: str, *, instances: int = 1, team: int = 0, pool: str = "/bench") -> Any:
+def job_spec(name: str, *, instances: int = 1, team: int = 0, pool: str = "/bench/create") -> Any:
     """A realistic one-GPU training job spec (defaults are filled in by the server)."""
     return job_pb2.JobSpec(
         name=name,

@@ -59,13 +59,14 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
 from bench._client_worker import create_worker, job_spec
+from peloton.client import PelotonClient
 from peloton.core import spec as specs
 from peloton.core.states import JobState, TaskState
 from peloton.jobmgr.manager import JobManager
 from peloton.storage import jobs as repo
 from peloton.storage.db import Database
 from peloton.storage.models import JobRow
-from peloton.v1 import job_pb2, job_pb2_grpc
+from peloton.v1 import job_pb2, job_pb2_grpc, pool_pb2
 
 REPO = Path(__file__).resolve().parents[1]
 PELOTON = Path(sys.executable).with_name("peloton")
@@ -296,6 +297,17 @@ class Daemon:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+# The leaf pools the benchmark's jobs go to (jobs run only in leaf pools, which must exist).
+BENCH_POOLS = ("/bench", "/bench/create", "/bench/big", *(f"/bench/p{i}" for i in range(5)))
+
+
+def create_pools(target: str) -> None:
+    """The benchmark's pool tree, parents first, without reservations."""
+    with PelotonClient(target, timeout=30) as client:
+        for path in BENCH_POOLS:
+            client.create_pool(pool_pb2.PoolSpec(path=path))
 
 
 def migrate_db(url: str, workdir: Path) -> None:
@@ -631,6 +643,7 @@ def run_backend(backend: str, cfg: Settings, run_id: str) -> dict[str, Any]:
         daemon = Daemon(url, workdir)
         try:
             daemon.start()
+            create_pools(daemon.target)
             callers = cfg.procs * cfg.threads
             for r in range(cfg.repeats):
                 values = measure_create(
