@@ -816,6 +816,21 @@ def _message_of_many(
     return "", shared_message(session, job_id, message)
 
 
+def _moving(
+    session: Session,
+    job_id: str,
+    from_states: Iterable[TaskState],
+    instances: Sequence[int] | None,
+) -> tuple[Any, dict[TaskState, int]]:
+    """The condition selecting a job's tasks in ``from_states`` (and, if given, in
+    ``instances``), and how many tasks it selects in each state."""
+    sources = sorted(s.value for s in from_states)
+    where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
+    if instances is not None:
+        where = and_(where, TaskRow.instance_id.in_(list(instances)))
+    return where, _moved_by_state(session, where)
+
+
 def bulk_transition(
     session: Session,
     job_id: str,
@@ -835,11 +850,7 @@ def bulk_transition(
     Returns how many tasks left each state. The caller holds the job lock, so the set of tasks
     cannot change between the statements.
     """
-    sources = sorted(s.value for s in from_states)
-    where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
-    if instances is not None:
-        where = and_(where, TaskRow.instance_id.in_(list(instances)))
-    moved = _moved_by_state(session, where)
+    where, moved = _moving(session, job_id, from_states, instances)
     if not moved:
         return moved
     message, message_id = _message_of_many(session, job_id, message, moved)
@@ -898,11 +909,7 @@ def bulk_new_attempt(
 
     Returns how many tasks left each state.
     """
-    sources = sorted(s.value for s in from_states)
-    where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
-    if instances is not None:
-        where = and_(where, TaskRow.instance_id.in_(list(instances)))
-    moved = _moved_by_state(session, where)
+    where, moved = _moving(session, job_id, from_states, instances)
     if not moved:
         return moved
     message, message_id = _message_of_many(session, job_id, message, moved)
