@@ -8,9 +8,8 @@ import pytest
 from test_hostmgr_offers import raw_offer
 
 from peloton.core.offers import LaunchTask, Lease
-from peloton.core.records import attempt_id
+from peloton.core.records import attempt_id, parse_attempt_id
 from peloton.core.resources import EXECUTOR_RESOURCES, Resources
-from peloton.hostmgr.framework import parse_attempt_id
 from peloton.hostmgr.launch import launch_group
 from peloton.hostmgr.offers import parse_offer
 

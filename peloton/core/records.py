@@ -15,6 +15,15 @@ def attempt_id(job_id: str, instance_id: int, attempt: int) -> str:
     return f"{job_id}-{instance_id}-{attempt}"
 
 
+def parse_attempt_id(task_id: str) -> tuple[str, int, int] | None:
+    """(job_id, instance, attempt) of a Mesos task id made by :func:`attempt_id`; None if it
+    is not one of peloton's."""
+    parts = task_id.rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    return parts[0], int(parts[1]), int(parts[2])
+
+
 @dataclass(frozen=True)
 class JobRecord:
     id: str

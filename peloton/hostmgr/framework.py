@@ -29,7 +29,7 @@ from peloton.core.capacity import LostHost
 from peloton.core.hosts import HostRecord, HostState, HostStore
 from peloton.core.ledger import HostLedger
 from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError, Offer, executor_id
-from peloton.core.records import AttemptRecord, TaskUpdate
+from peloton.core.records import AttemptRecord, TaskUpdate, parse_attempt_id
 from peloton.core.resources import EXECUTOR_RESOURCES, Resources
 from peloton.core.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
 from peloton.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -91,14 +91,6 @@ def current_user() -> str:
             f"the daemon runs as uid {uid}, which has no user name: set mesos_user to a user "
             "that exists on every agent",
         ) from None
-
-
-def parse_attempt_id(task_id: str) -> tuple[str, int, int] | None:
-    """(job_id, instance, attempt) of a Mesos task id made by ``attempt_id``; None if foreign."""
-    parts = task_id.rsplit("-", 2)
-    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-        return None
-    return parts[0], int(parts[1]), int(parts[2])
 
 
 @dataclass(frozen=True)
