@@ -29,7 +29,7 @@ from peloton.core.gang import AdmittedGangs, Gang
 from peloton.core.gangenv import GangEnv, topology
 from peloton.core.ledger import LaunchLedger
 from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError, executor_id, take_ports
-from peloton.core.records import TaskUpdate
+from peloton.core.records import TaskUpdate, attempt_id
 from peloton.core.resources import ZERO, Resources
 from peloton.core.states import TaskState
 from peloton.errors import PelotonError
@@ -279,7 +279,7 @@ class Launcher:
         peers = [f"{address[h]}:{p[0]}" for h, p in zip(hosts, ports, strict=True)]
         by_host: dict[str, list[LaunchTask]] = {}
         for rank, (instance, host) in enumerate(zip(gang.instances, hosts, strict=True)):
-            task_id = f"{gang.job_id}-{instance}-{attempts[instance]}"
+            task_id = attempt_id(gang.job_id, instance, attempts[instance])
             gang_env = GangEnv.at(
                 rank,
                 gang.size,

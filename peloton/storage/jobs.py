@@ -233,25 +233,11 @@ def task_message(session: Session, row: TaskRow) -> str:
     return _text(row, message_texts(session, [row.message_id]))
 
 
-def _attempt_id_sql() -> Any:
-    """SQL for '<job_id>-<instance_id>-<attempt>' of the current attempt (|| on every backend)."""
-    return (
-        TaskRow.job_id
-        + "-"
-        + cast(TaskRow.instance_id, String)
-        + "-"
-        + cast(TaskRow.attempt, String)
-    )
-
-
-def _next_attempt_id_sql() -> Any:
-    return (
-        TaskRow.job_id
-        + "-"
-        + cast(TaskRow.instance_id, String)
-        + "-"
-        + cast(TaskRow.attempt + 1, String)
-    )
+def _attempt_id_sql(next_attempt: bool = False) -> Any:
+    """SQL for :func:`~peloton.core.records.attempt_id` of a task's current attempt (or of its
+    next): '<job_id>-<instance_id>-<attempt>' (|| on every backend)."""
+    attempt = TaskRow.attempt + 1 if next_attempt else TaskRow.attempt
+    return TaskRow.job_id + "-" + cast(TaskRow.instance_id, String) + "-" + cast(attempt, String)
 
 
 # ---------------------------------------------------------------------------- jobs
@@ -927,7 +913,7 @@ def bulk_new_attempt(
         message=message,
         message_id=message_id,
         host=literal(""),
-        attempt=_next_attempt_id_sql(),
+        attempt=_attempt_id_sql(next_attempt=True),
     )
     values: dict[str, Any] = {
         "state": TaskState.PENDING.value,
