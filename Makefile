@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 PROTOS := $(wildcard proto/peloton/v1/*.proto)
 STAMP  := $(VENV)/.installed
 
-.PHONY: help dev proto proto-check lint test test-mesos bench demo clean prometheus
+.PHONY: help dev proto proto-check bundle lint test test-mesos bench demo clean prometheus
 
 help:
 	@echo "make dev          virtualenv in $(VENV), editable install with dev tools, generated code"
@@ -18,6 +18,8 @@ help:
 	@echo "                  tree, a 4-worker gang training with allreduce, its states, placement and loss"
 	@echo "make proto        regenerate peloton/v1 from proto/"
 	@echo "make proto-check  fail if the committed generated code in peloton/v1 is stale"
+	@echo "make bundle       the collective runtime bundle for task containers in build/peloton-runtime"
+	@echo "                  (mounted at /opt/peloton) and its image build/peloton-runtime.tar"
 	@echo "make prometheus   install prometheus and promtool (Debian package, as root)"
 	@echo "make clean        remove $(VENV), .demo, .bench and tool caches"
 
@@ -29,7 +31,7 @@ $(STAMP): pyproject.toml scripts/install-http-parser.sh
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-dev: $(STAMP) proto
+dev: $(STAMP) proto bundle
 
 # Generated code is committed (installs need no protoc); `make proto-check` keeps it current.
 proto: $(STAMP)
@@ -44,6 +46,11 @@ proto-check: $(STAMP)
 	for f in $$tmp/peloton/v1/*; do \
 		cmp -s $$f peloton/v1/$$(basename $$f) || { echo "peloton/v1/$$(basename $$f) is stale: run make proto"; rm -rf $$tmp; exit 1; }; \
 	done; rm -rf $$tmp; echo "generated code is current"
+
+# The C++ build is incremental (unchanged sources are not recompiled), so this is cheap when current.
+bundle: $(STAMP)
+	$(PY) setup.py -q build_bundle
+	$(PY) -m peloton.collective.bundle
 
 lint: $(STAMP) proto-check
 	$(BIN)/ruff check peloton tests bench migrations

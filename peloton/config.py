@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from peloton.core.containers import DEFAULT_RUNTIME_IMAGE, parse_image
 from peloton.errors import InvalidArgument
 from peloton.storage.db import DbTimeouts, default_sqlite_url
 
@@ -166,6 +167,13 @@ class ServerConfig:
         min=1,
         mesos="reconcile_interval_seconds",
     )
+    # Agents pull it from their image store (docker_registry) for tasks with runtime "peloton".
+    runtime_image: str = option(
+        DEFAULT_RUNTIME_IMAGE,
+        help="Image of peloton's collective runtime bundle, mounted at /opt/peloton in task "
+        'containers with runtime "peloton".',
+        mesos="runtime_image",
+    )
     # As Mesos waits agent_reregister_timeout: agents come back from reboots.
     host_loss_grace_seconds: float = option(
         600.0,
@@ -196,6 +204,10 @@ class ServerConfig:
     def __post_init__(self) -> None:
         # A config file gives strings; the rest of peloton wants a Path.
         object.__setattr__(self, "data_dir", Path(self.data_dir))
+        try:
+            parse_image(self.runtime_image)
+        except ValueError as exc:
+            raise InvalidArgument("runtime_image", str(exc)) from None
 
     @property
     def database_url(self) -> str:

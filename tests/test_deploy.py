@@ -331,9 +331,15 @@ def test_mesos_flags_are_what_gpu_gangs_need() -> None:
     master = env_file(MESOS / "master.env")
     agent = env_file(MESOS / "agent.env")
     assert agent["MESOS_MASTER"] == master["MESOS_ZK"]
-    assert {"filesystem/linux", "cgroups/devices", "gpu/nvidia"} <= set(
-        agent["MESOS_ISOLATION"].split(",")
-    )
+    isolation = agent["MESOS_ISOLATION"].split(",")
+    assert len(isolation) == len(set(isolation))
+    assert {"filesystem/linux", "cgroups/devices", "gpu/nvidia"} <= set(isolation)
+    # Task containers: images, their runtime config, image volumes, a shared /dev/shm.
+    assert {"docker/runtime", "volume/image", "namespaces/ipc"} <= set(isolation)
+    assert agent["MESOS_CONTAINERIZERS"] == "mesos"
+    assert agent["MESOS_IMAGE_PROVIDERS"] == "docker"
+    assert agent["MESOS_IMAGE_PROVISIONER_BACKEND"] in ("overlay", "copy")
+    assert Path(agent["MESOS_DOCKER_REGISTRY"]).is_absolute()
     # Mesos flag syntax, as the minicluster (which speaks it too) parses it.
     assert {"rack", "gpu_model"} <= set(parse_attributes(agent["MESOS_ATTRIBUTES"]))
     assert parse_text(agent["MESOS_RESOURCES"])
@@ -341,5 +347,12 @@ def test_mesos_flags_are_what_gpu_gangs_need() -> None:
         assert flag in agent["MESOS_RESOURCES"]
     # The notes' table shows the same values.
     notes = (MESOS / "README.md").read_text()
-    for key in ("MESOS_ISOLATION", "MESOS_ATTRIBUTES", "MESOS_RESOURCES"):
+    for key in (
+        "MESOS_ISOLATION",
+        "MESOS_ATTRIBUTES",
+        "MESOS_RESOURCES",
+        "MESOS_DOCKER_REGISTRY",
+        "MESOS_IMAGE_PROVIDERS",
+        "MESOS_IMAGE_PROVISIONER_BACKEND",
+    ):
         assert f"`{agent[key]}`" in notes, key

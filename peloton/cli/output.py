@@ -16,6 +16,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from peloton.core.containers import RUNTIME_DIR, container_launch
 from peloton.v1 import job_pb2
 
 
@@ -209,7 +210,8 @@ def print_job(job: job_pb2.Job) -> None:
         ("Instances", f"{spec.instances} (gang of {spec.gang.min_instances})"),
         ("Tasks", task_summary(job)),
         ("Resources", f"cpu {r.cpu:g}, mem {r.mem_mb:g} MB, disk {r.disk_mb:g} MB, gpu {r.gpu:g}"),
-        ("Command", spec.task.command),
+        ("Command", spec.task.command or "-"),
+        *container_lines(spec.task),
         ("Labels", ", ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or "-"),
         ("Created", when(job.created_at)),
         ("Updated", when(job.updated_at)),
@@ -217,6 +219,26 @@ def print_job(job: job_pb2.Job) -> None:
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         click.echo(f"{key + ':':<{width + 1}} {value}")
+
+
+def container_lines(task: job_pb2.TaskSpec) -> list[tuple[str, str]]:
+    """The Image and Volumes lines of ``job get``; none for a task without a container."""
+    if not task.HasField("container"):
+        return []
+    c = container_launch(task)
+    assert c is not None
+    how = [f"entrypoint {c.entrypoint}", f"/dev/shm {c.shm_mb} MiB"]
+    if c.args:
+        how.append("args " + " ".join(c.args))
+    if c.runtime:
+        how.append(f"runtime {c.runtime} at {RUNTIME_DIR}")
+    lines = [("Image", f"{c.image} ({', '.join(how)})")]
+    for m in c.mounts:
+        source = f"image {m.image}" if m.image else m.host_path
+        lines.append(
+            ("Volume", f"{m.container_path} <- {source} ({'ro' if m.read_only else 'rw'})")
+        )
+    return lines
 
 
 def print_tasks(tasks: Sequence[job_pb2.Task], wide: bool = False) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from peloton.core.containers import ContainerLaunch
 from peloton.core.resources import ZERO, Resources
 
 PortRange = tuple[int, int]
@@ -95,7 +96,8 @@ class Lease:
 
 @dataclass(frozen=True)
 class LaunchTask:
-    """One attempt to launch: its Mesos task id, name, command, environment, resources, ports."""
+    """One attempt to launch: its Mesos task id, name, command, environment, resources, ports
+    and container."""
 
     task_id: str
     name: str
@@ -104,6 +106,8 @@ class LaunchTask:
     resources: Resources
     ports: tuple[int, ...] = ()
     kill_grace_seconds: int = 30
+    # The image, volumes and /dev/shm it runs with; None: on the agent host, in its sandbox.
+    container: ContainerLaunch | None = None
 
 
 def executor_id(tasks: Sequence[LaunchTask]) -> str:

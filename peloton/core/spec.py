@@ -16,6 +16,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from peloton.core.containers import check_container, needs_command
 from peloton.errors import InvalidArgument
 from peloton.v1 import job_pb2
 
@@ -281,12 +282,14 @@ def _check_labels(labels: Any) -> None:
 
 
 def _check_task(task: job_pb2.TaskSpec) -> None:
-    if not task.command.strip():
+    if needs_command(task) and not task.command.strip():
         raise InvalidArgument("task.command", "must not be empty")
     if len(task.command) > MAX_COMMAND:
         raise InvalidArgument("task.command", f"is longer than {MAX_COMMAND} bytes")
     _check_env(task.env)
     _check_resources(task)
+    if task.HasField("container"):
+        check_container(task)
     _check_constraints(task.constraints)
     _check_ports(task.ports)
 

@@ -72,6 +72,7 @@ class MesosSettings:
     # Heartbeats missing for this many intervals mean the connection is dead: reconnect.
     missed_heartbeats: int = 5
     host_loss_grace_seconds: float = _DEFAULTS.host_loss_grace_seconds
+    runtime_image: str = _DEFAULTS.runtime_image
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> MesosSettings:
@@ -513,6 +514,7 @@ class HostManager:
                         executor_id(tasks),
                         self._executor_resources,
                         tasks,
+                        self.settings.runtime_image,
                     )
                 )
             except ValueError as exc:

@@ -1,4 +1,5 @@
-"""The ACCEPT operation for one host's share of a gang: LAUNCH_GROUP with a DEFAULT executor.
+"""The ACCEPT operation for one host's share of a gang: LAUNCH_GROUP with a DEFAULT executor,
+its tasks in containers from images where their spec asks for one.
 
 Pure: builds the v1 JSON (dicts) from what placement decided; the framework sends it.
 
@@ -16,6 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from peloton.core.containers import (
+    DEFAULT_RUNTIME_IMAGE,
+    RUNTIME_DIR,
+    RUNTIME_DIR_ENV,
+    ContainerLaunch,
+    Mount,
+)
 from peloton.core.offers import LaunchTask, Lease
 from peloton.core.resources import Resources
 
@@ -111,40 +119,107 @@ def launch_group(
     executor_id: str,
     executor_resources: Resources,
     tasks: Sequence[LaunchTask],
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE,
 ) -> dict[str, Any]:
     """The LAUNCH_GROUP operation running ``tasks`` on the leased host as one task group.
-    ValueError if the lease's offers do not hold the executor and the tasks."""
+    ``runtime_image`` is what containers with runtime "peloton" mount. ValueError if the
+    lease's offers do not hold the executor and the tasks."""
     offered = OfferedResources([e for o in lease.offers for e in o.entries])
-    executor = {
+    executor: dict[str, Any] = {
         "type": "DEFAULT",
         "executor_id": {"value": executor_id},
         "framework_id": {"value": framework_id},
         # A real master rejects a default executor without disk.
         "resources": offered.take(executor_resources),
     }
-    infos = [
-        {
-            "name": t.name,
-            "task_id": {"value": t.task_id},
-            "agent_id": {"value": lease.agent_id},
-            "resources": offered.take(t.resources, t.ports),
-            "command": {
-                "shell": True,
-                "value": t.command,
-                "environment": {
-                    "variables": [
-                        {"name": k, "type": "VALUE", "value": v} for k, v in sorted(t.env.items())
-                    ]
-                },
-            },
-            "kill_policy": grace_policy(t.kill_grace_seconds),
+    shm_mb = sum(t.container.shm_mb for t in tasks if t.container is not None)
+    if shm_mb:
+        # The executor's container owns the /dev/shm its containerized tasks share
+        # (SHARE_PARENT): the gang's ranks on this host meet there.
+        executor["container"] = {
+            "type": "MESOS",
+            "linux_info": {"ipc_mode": "PRIVATE", "shm_size": shm_mb},
         }
-        for t in tasks
-    ]
+    infos = [_task_info(lease, offered, t, runtime_image) for t in tasks]
     return {
         "type": "LAUNCH_GROUP",
         "launch_group": {"executor": executor, "task_group": {"tasks": infos}},
     }
+
+
+def _task_info(
+    lease: Lease, offered: OfferedResources, t: LaunchTask, runtime_image: str
+) -> dict[str, Any]:
+    env = dict(t.env)
+    if t.container is not None and t.container.runtime:
+        env[RUNTIME_DIR_ENV] = RUNTIME_DIR
+    info: dict[str, Any] = {
+        "name": t.name,
+        "task_id": {"value": t.task_id},
+        "agent_id": {"value": lease.agent_id},
+        "resources": offered.take(t.resources, t.ports),
+        "command": {
+            **_command(t),
+            "environment": {
+                "variables": [
+                    {"name": k, "type": "VALUE", "value": v} for k, v in sorted(env.items())
+                ]
+            },
+        },
+        "kill_policy": grace_policy(t.kill_grace_seconds),
+    }
+    if t.container is not None:
+        info["container"] = container_info(t.container, runtime_image)
+    return info
+
+
+def _command(t: LaunchTask) -> dict[str, Any]:
+    """CommandInfo's command part, as Mesos runs it in an image: ``shell`` is ``/bin/sh -c``;
+    ``exec`` runs the program with the arguments (argv[0] first, as execvp takes them);
+    ``image`` leaves the value out, so the image's ENTRYPOINT runs with the arguments in place
+    of its CMD."""
+    c = t.container
+    if c is None:
+        return {"shell": True, "value": t.command}
+    if c.entrypoint == "exec":
+        return {"shell": False, "value": t.command, "arguments": [t.command, *c.args]}
+    if c.entrypoint == "image":
+        return {"shell": False, "arguments": list(c.args)}
+    if c.runtime:
+        # The image's PATH is the agent's to merge; the bundle's tools come after it.
+        return {"shell": True, "value": f'PATH="$PATH:{RUNTIME_DIR}/bin"; export PATH\n{t.command}'}
+    return {"shell": True, "value": t.command}
+
+
+def container_info(c: ContainerLaunch, runtime_image: str) -> dict[str, Any]:
+    """A task's ContainerInfo for the Mesos containerizer: its image (docker image provider),
+    volumes (host paths: filesystem/linux; images: volume/image) and the executor's IPC
+    namespace and /dev/shm (namespaces/ipc)."""
+    mounts = list(c.mounts)
+    if c.runtime:
+        mounts.append(Mount(RUNTIME_DIR, image=runtime_image, read_only=True))
+    return {
+        "type": "MESOS",
+        "mesos": {"image": _image(c.image)},
+        "volumes": [_volume(m) for m in mounts],
+        "linux_info": {"ipc_mode": "SHARE_PARENT"},
+    }
+
+
+def _image(reference: str) -> dict[str, Any]:
+    return {"type": "DOCKER", "docker": {"name": reference}}
+
+
+def _volume(m: Mount) -> dict[str, Any]:
+    volume: dict[str, Any] = {
+        "container_path": m.container_path,
+        "mode": "RO" if m.read_only else "RW",
+    }
+    if m.image:
+        volume["image"] = _image(m.image)
+    else:
+        volume["host_path"] = m.host_path
+    return volume
 
 
 def grace_policy(seconds: int) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
+from peloton.core.containers import container_launch
 from peloton.core.gang import AdmittedGangs, Gang
 from peloton.core.gangenv import GangEnv, topology
 from peloton.core.ledger import LaunchLedger
@@ -278,6 +279,7 @@ class Launcher:
         address = {h: _address(lease) for h, lease in leases.items()}
         peers = [f"{address[h]}:{p[0]}" for h, p in zip(hosts, ports, strict=True)]
         by_host: dict[str, list[LaunchTask]] = {}
+        container = container_launch(gang.spec.task)
         for rank, (instance, host) in enumerate(zip(gang.instances, hosts, strict=True)):
             task_id = attempt_id(gang.job_id, instance, attempts[instance])
             gang_env = GangEnv.at(
@@ -300,6 +302,7 @@ class Launcher:
                     resources=gang.per_task,
                     ports=tuple(ports[rank]),
                     kill_grace_seconds=gang.kill_grace_seconds,
+                    container=container,
                 )
             )
         return [(leases[h], tasks) for h, tasks in by_host.items()]

@@ -131,6 +131,102 @@ class Constraint(_message.Message):
 Global___Constraint: _TypeAlias = Constraint  # noqa: Y015
 
 @_typing.final
+class Volume(_message.Message):
+    """A directory mounted into a task's container: a directory of the agent host, or the files of
+    an image (read-only).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTAINER_PATH_FIELD_NUMBER: _builtins.int
+    HOST_PATH_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    container_path: _builtins.str
+    """Where it appears in the container: an absolute path, e.g. /data."""
+    host_path: _builtins.str
+    """Exactly one source: an absolute path on the agent host..."""
+    image: _builtins.str
+    """...or a Docker image reference whose files are mounted (from the agent's image store)."""
+    mode: _builtins.str
+    """"rw" or "ro"; empty means "rw" for a host path and "ro" for an image (which cannot be rw)."""
+    def __init__(
+        self,
+        *,
+        container_path: _builtins.str = ...,
+        host_path: _builtins.str = ...,
+        image: _builtins.str = ...,
+        mode: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_path", b"container_path", "host_path", b"host_path", "image", b"image", "mode", b"mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Volume: _TypeAlias = Volume  # noqa: Y015
+
+@_typing.final
+class ContainerSpec(_message.Message):
+    """The task runs in its own container: a root filesystem from a Docker image (Mesos's unified
+    containerizer; no Docker daemon), with volumes and a shared /dev/shm.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IMAGE_FIELD_NUMBER: _builtins.int
+    ENTRYPOINT_FIELD_NUMBER: _builtins.int
+    ARGS_FIELD_NUMBER: _builtins.int
+    VOLUMES_FIELD_NUMBER: _builtins.int
+    SHM_MB_FIELD_NUMBER: _builtins.int
+    RUNTIME_FIELD_NUMBER: _builtins.int
+    image: _builtins.str
+    """Docker image reference, e.g. "pytorch/pytorch:2.3.0-cuda12.1" or
+    "registry.example.com:5000/team/trainer@sha256:<64 hex>"; no tag means "latest".
+    """
+    entrypoint: _builtins.str
+    """How the task's process starts in the image:
+      "shell" (empty means shell): /bin/sh -c <task.command>; the image's ENTRYPOINT and CMD are
+               ignored (the image needs /bin/sh);
+      "exec":  task.command is the path of a program in the image, run with `args`, no shell;
+      "image": the image's ENTRYPOINT runs, with `args` in place of its CMD (or its CMD when
+               `args` is empty); task.command must be empty.
+    """
+    shm_mb: _builtins.int
+    """Size of the /dev/shm that the gang's tasks on one host share (NCCL and peloton's runtime use
+    it between local ranks), in MiB. 0 means half of task.resources.mem_mb. Counts against the
+    task's memory, so at most task.resources.mem_mb.
+    """
+    runtime: _builtins.str
+    """"peloton": mount peloton's collective runtime bundle (which needs nothing from the image)
+    read-only at /opt/peloton, set PELOTON_RUNTIME_DIR=/opt/peloton and, with the "shell"
+    entrypoint, append /opt/peloton/bin to PATH; empty: nothing mounted.
+    """
+    @_builtins.property
+    def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Arguments for "exec" and "image" (not allowed with "shell")."""
+
+    @_builtins.property
+    def volumes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Volume]: ...
+    def __init__(
+        self,
+        *,
+        image: _builtins.str = ...,
+        entrypoint: _builtins.str = ...,
+        args: _abc.Iterable[_builtins.str] | None = ...,
+        volumes: _abc.Iterable[Global___Volume] | None = ...,
+        shm_mb: _builtins.int = ...,
+        runtime: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "entrypoint", b"entrypoint", "image", b"image", "runtime", b"runtime", "shm_mb", b"shm_mb", "volumes", b"volumes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContainerSpec: _TypeAlias = ContainerSpec  # noqa: Y015
+
+@_typing.final
 class TaskSpec(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -159,8 +255,9 @@ class TaskSpec(_message.Message):
     RESOURCES_FIELD_NUMBER: _builtins.int
     CONSTRAINTS_FIELD_NUMBER: _builtins.int
     PORTS_FIELD_NUMBER: _builtins.int
+    CONTAINER_FIELD_NUMBER: _builtins.int
     command: _builtins.str
-    """Shell command run in the task's sandbox."""
+    """Shell command run in the task's sandbox (or, with a container, as container.entrypoint says)."""
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -171,6 +268,10 @@ class TaskSpec(_message.Message):
     def ports(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Named dynamic ports, allocated at placement, exported as PELOTON_PORT_<NAME>."""
 
+    @_builtins.property
+    def container(self) -> Global___ContainerSpec:
+        """Run in a container from an image; unset: the command runs on the agent host, in its sandbox."""
+
     def __init__(
         self,
         *,
@@ -179,10 +280,11 @@ class TaskSpec(_message.Message):
         resources: _common_pb2.Resources | None = ...,
         constraints: _abc.Iterable[Global___Constraint] | None = ...,
         ports: _abc.Iterable[_builtins.str] | None = ...,
+        container: Global___ContainerSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["container", b"container", "resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "constraints", b"constraints", "env", b"env", "ports", b"ports", "resources", b"resources"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "constraints", b"constraints", "container", b"container", "env", b"env", "ports", b"ports", "resources", b"resources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

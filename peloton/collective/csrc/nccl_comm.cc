@@ -36,10 +36,13 @@ bool resolve(void* lib, const char* sym, F* out, std::string* err) {
   return *out != nullptr;
 }
 
+// The first of `names` that loads; else null, with the loader's reason for each in `tried`
+// (which name was missing, or which of its own dependencies or symbols).
 void* open_first(const char* const* names, std::string* tried) {
   for (const char* const* n = names; *n; ++n) {
     if (void* h = ::dlopen(*n, RTLD_NOW | RTLD_GLOBAL)) return h;
-    *tried += std::string(tried->empty() ? "" : ", ") + *n;
+    const char* why = ::dlerror();
+    *tried += std::string(tried->empty() ? "" : "; ") + (why ? why : *n);
   }
   return nullptr;
 }

@@ -58,6 +58,8 @@ class Runtime {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Whether this host's ranks allreduce through shared memory (else everything goes over TCP).
+  bool uses_shm() const { return shm_ != nullptr; }
 
  private:
   // set-up and teardown
