@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 import peloton
 from peloton.collective import bundle as rb
+from peloton.core.containers import RUNTIME_DIR
 from peloton.core.gangenv import GangEnv, GangEnvError, topology
 from peloton.images import open_layer, read_image
 
@@ -472,9 +473,6 @@ def test_the_image_goes_into_a_registry_directory_by_reference(
     assert rb.image_path(bundle) == BUNDLE.with_name("peloton-runtime.tar")
 
 
-def test_the_bundle_mounts_where_the_host_manager_mounts_it() -> None:
+def test_the_bundle_mounts_where_the_host_manager_mounts_it(bundle: Path) -> None:
     """The bundle's programs name their loader under the path task containers mount it at."""
-    from peloton.collective import bundle
-    from peloton.core.containers import RUNTIME_DIR
-
-    assert str(bundle.mount_path(bundle.locate())) == RUNTIME_DIR
+    assert str(rb.mount_path(bundle)) == RUNTIME_DIR == MOUNT
