@@ -62,3 +62,22 @@ def test_reason_keeps_the_mesos_detail() -> None:
         "failed",
         "REASON_COMMAND_EXECUTOR_FAILED, exit 1",
     )
+
+
+def test_a_missing_image_names_the_image() -> None:
+    # A task group's task (the default executor sets no reason), then a command task.
+    missing = (
+        "Failed to find archive for image 'team/trainer:1.0' at '/srv/images/team/trainer:1.0.tar'"
+    )
+    assert reason_of("TASK_FAILED", "", missing) == (
+        "image_not_found",
+        f"image not found: team/trainer:1.0 ({missing})",
+    )
+    message = f"Failed to launch container: {missing}"
+    reason, detail = reason_of("TASK_FAILED", "REASON_CONTAINER_LAUNCH_FAILED", message)
+    assert reason == "image_not_found"
+    assert detail.startswith("image not found: team/trainer:1.0 (REASON_CONTAINER_LAUNCH_FAILED, ")
+    # Another launch failure is a plain failure.
+    assert reason_of("TASK_FAILED", "REASON_CONTAINER_LAUNCH_FAILED", "Failed to mount")[0] == (
+        "failed"
+    )

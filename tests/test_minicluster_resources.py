@@ -291,14 +291,28 @@ _JUNK = st.recursive(
     lambda inner: (
         st.lists(inner, max_size=2)
         | st.dictionaries(
-            st.sampled_from(["value", "name", "shell", "arguments", "environment", "variables"]),
+            st.sampled_from(
+                [
+                    *("value", "name", "shell", "arguments", "environment", "variables"),
+                    *("volumes", "mesos", "image", "type"),
+                ]
+            ),
             inner,
             max_size=3,
         )
     ),
     max_leaves=6,
 )
-_TASK_KEYS = ["name", "task_id", "agent_id", "resources", "command", "executor", "kill_policy"]
+_TASK_KEYS = [
+    "name",
+    "task_id",
+    "agent_id",
+    "resources",
+    "command",
+    "executor",
+    "kill_policy",
+    "container",
+]
 
 
 @given(
@@ -309,7 +323,8 @@ _TASK_KEYS = ["name", "task_id", "agent_id", "resources", "command", "executor",
     )
 )
 def test_validation_rejects_junk_with_invalid_never_a_crash(tasks: list[Any]) -> None:
-    from peloton.minicluster.agent import _argv, command_env
+    from peloton.minicluster.agent import command_env
+    from peloton.minicluster.containers import launch_command
 
     try:
         plan = plan_group(
@@ -324,5 +339,5 @@ def test_validation_rejects_junk_with_invalid_never_a_crash(tasks: list[Any]) ->
         assert str(exc)
         return
     for p in plan.tasks:  # what passed can be run
-        _argv(p.info)
+        launch_command(p.info.get("command") or {}, None)
         command_env(p.info)

@@ -45,6 +45,12 @@ def minicluster() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Where sandboxes go (default: a temporary directory, removed on exit).",
 )
+@click.option(
+    "--docker-registry",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Directory of 'docker save' archives (NAME.tar, e.g. trainer:1.0.tar), as a Mesos "
+    "agent's --docker_registry: tasks whose ContainerInfo names an image run in it (needs root).",
+)
 @click.option("--simulated", is_flag=True, help="No processes: tasks run on a clock.")
 @click.option("--heartbeat-interval", default=15.0, show_default=True, help="Seconds.")
 @click.option("--log-level", default="info", show_default=True)
@@ -56,6 +62,7 @@ def up(
     attributes: str,
     agents_file: Path | None,
     work_dir: Path | None,
+    docker_registry: Path | None,
     simulated: bool,
     heartbeat_interval: float,
     log_level: str,
@@ -68,11 +75,18 @@ def up(
     otherwise only as the user running this. Frameworks are offered the unreserved resources
     and those reserved for their role, and must launch with resources named as offered.
 
+    With --docker-registry, a task whose ContainerInfo (type MESOS) names a Docker image runs in
+    a container of it, as on Mesos agents with --image_providers=docker and the overlay
+    backend: the image's files under an overlay, the sandbox at /mnt/mesos/sandbox, volumes,
+    and the executor's /dev/shm (linux_info.ipc_mode, shm_size). An image with no archive there
+    fails its task: "Failed to find archive for image 'NAME' at 'DIR/NAME.tar'".
+
     \b
     Examples:
       peloton minicluster up --port 5050 --agents 4
       peloton minicluster up --agents-file agents.yaml --work-dir /tmp/mc
       peloton minicluster up --simulated --agents 10000
+      sudo peloton minicluster up --docker-registry ./images   # ./images/trainer:1.0.tar
       peloton server --mesos-master 127.0.0.1:5050
     """
     try:
@@ -93,6 +107,7 @@ def up(
         work_dir=work_dir,
         simulated=simulated,
         heartbeat_interval=heartbeat_interval,
+        docker_registry=docker_registry.resolve() if docker_registry is not None else None,
     )
     try:
         cluster.start()

@@ -9,6 +9,8 @@ killed by reconciliation because its attempt is no longer active.
 
 from __future__ import annotations
 
+import re
+
 from peloton.core.states import TASK_TERMINAL, TaskState, task_transition_allowed
 
 # Mesos TaskState (v1 mesos.proto) -> peloton TaskState; None: no change of peloton state.
@@ -63,7 +65,17 @@ def to_peloton(mesos_state: str, current: TaskState) -> TaskState | None:
 
 def reason_of(mesos_state: str, mesos_reason: str, message: str) -> tuple[str, str]:
     """The (reason, message) peloton records: the Mesos state as the reason, with Mesos's own
-    reason code and message kept in the message so a failure is readable."""
-    reason = mesos_state.removeprefix("TASK_").lower()
+    reason code and message kept in the message so a failure is readable. A container whose image
+    the agent's store lacks is ``image_not_found``, its message leading with the image's name."""
     detail = ", ".join(p for p in (mesos_reason, message) if p)
-    return reason, detail
+    missing = _MISSING_IMAGE.search(message) if mesos_state == "TASK_FAILED" else None
+    if missing is not None:
+        return IMAGE_NOT_FOUND, f"image not found: {missing['image']} ({detail})"
+    return mesos_state.removeprefix("TASK_").lower(), detail
+
+
+IMAGE_NOT_FOUND = "image_not_found"
+# What a Mesos agent's local docker puller (--docker_registry DIR) says of an image it lacks: a
+# task group's default executor reports it with no reason, a command task's agent with
+# REASON_CONTAINER_LAUNCH_FAILED and "Failed to launch container: " before it.
+_MISSING_IMAGE = re.compile(r"Failed to find archive for image '(?P<image>[^']+)'")

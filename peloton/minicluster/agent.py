@@ -11,14 +11,27 @@ import os
 import pwd
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from peloton.minicluster import isolate
+from peloton.minicluster.containers import (
+    SANDBOX,
+    Containerizer,
+    LaunchFailed,
+    Prepared,
+    image_name,
+    launch_command,
+    remove_scratch,
+)
 from peloton.minicluster.master import Master
 from peloton.minicluster.model import Agent, Executor, Task
 
+# What says which GPUs a task may use; a task never inherits the agent's.
+GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 # Read from a task's CommandInfo environment in simulated mode.
 SIM_DURATION_ENV = "PELOTON_SIM_DURATION"
 SIM_EXIT_CODE_ENV = "PELOTON_SIM_EXIT_CODE"
@@ -80,11 +93,21 @@ class ProcessRunner:
     the framework's user (a command task's CommandInfo.user if set), an empty or unknown user
     fails the executor, and when the agent runs as root its tasks run as that user (its uid,
     gid and groups); an agent that is not root can only run tasks as itself.
+
+    A task whose ContainerInfo names an image runs in a container of it (see
+    :mod:`peloton.minicluster.containers`): provisioned on a thread of its own (extracting layers
+    takes a while), then started by :mod:`peloton.minicluster.isolate`; it is RUNNING once its
+    command was executed. If its container cannot be launched it is FAILED, with the reason as
+    Mesos gives it: in a task group, as the default executor reports a nested container that
+    failed to launch (the bare message, no reason); a command task as its agent does
+    (REASON_CONTAINER_LAUNCH_FAILED, "Failed to launch container: ...").
     """
 
-    def __init__(self, master: Master) -> None:
+    def __init__(self, master: Master, containerizer: Containerizer | None = None) -> None:
         self.master = master
+        self.containerizer = containerizer or Containerizer(None)
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._launching: set[threading.Thread] = set()
 
     def prepare(self, executor: Executor) -> str:
         user, error = lookup_user(executor)
@@ -122,7 +145,10 @@ class ProcessRunner:
             return
         task.sandbox = sandbox
         self.master.agent_update(task, "TASK_STARTING")
-        argv, executable = _argv(task.info)
+        if image_name(task.info) is not None:
+            self._start_container(agent, task, sandbox)
+            return
+        argv, executable = launch_command(task.info.get("command") or {}, None)
         switch: dict[str, Any] = {}
         if run_as is not None:
             switch = {"user": run_as[0], "group": run_as[1], "extra_groups": list(run_as[2])}
@@ -154,34 +180,124 @@ class ProcessRunner:
         env = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith("MESOS_") and k != "CUDA_VISIBLE_DEVICES"
+            if not k.startswith("MESOS_") and k not in GPU_VARIABLES
         }
-        env.update(
-            MESOS_SANDBOX=str(sandbox),
-            MESOS_DIRECTORY=str(task.executor.directory),
-            MESOS_TASK_ID=task.task_id,
-            MESOS_FRAMEWORK_ID=task.framework_id,
-            MESOS_EXECUTOR_ID=task.executor.executor_id,
-            MESOS_SLAVE_ID=agent.id,
-            MESOS_AGENT_ENDPOINT=f"{agent.ip}:{agent.port}",
-            MESOS_CHECKPOINT="1",
-            MESOS_EXECUTOR_SHUTDOWN_GRACE_PERIOD="5secs",
-        )
-        if agent.total.scalar("gpus") > 0:
-            # Mesos GPU isolation exposes only the task's devices; a task without GPUs sees none.
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in task.gpus)
+        env.update(_mesos_env(agent, task, str(sandbox)))
+        env["MESOS_DIRECTORY"] = str(task.executor.directory)
         env.update(command_env(task.info))
         return env
 
-    def _wait(self, task: Task, proc: subprocess.Popen[bytes]) -> None:
+    def _start_container(self, agent: Agent, task: Task, sandbox: Path) -> None:
+        thread = threading.Thread(
+            target=self._launch_container,
+            args=(agent, task, sandbox),
+            name=f"launch-{task.task_id}",
+            daemon=True,
+        )
+        self._launching.add(thread)
+        thread.start()
+
+    def _launch_container(self, agent: Agent, task: Task, sandbox: Path) -> None:
+        """Provision the task's container, start it, and once its command runs report it
+        RUNNING and wait for it (on this thread, outside the master lock but for reports)."""
+        assert agent.directory is not None
+        try:
+            prepared = self.containerizer.prepare(
+                task, agent.directory, sandbox, _mesos_env(agent, task, SANDBOX)
+            )
+        except (LaunchFailed, OSError) as exc:
+            message = str(exc) if isinstance(exc, LaunchFailed) else f"Failed to prepare: {exc}"
+            with self.master.lock:
+                self._launching.discard(threading.current_thread())
+                self._launch_failed(task, message)
+            return
+        read_fd, write_fd = os.pipe()
+        try:
+            with self.master.lock:
+                self._launching.discard(threading.current_thread())
+                proc = self._spawn(task, sandbox, prepared, write_fd)
+        finally:
+            os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as errors:
+            # End of file alone once the command was executed; else why it was not.
+            error = errors.read().decode(errors="replace") if proc is not None else ""
+        if proc is None:
+            remove_scratch(prepared.scratch)
+            return
+        if error:
+            proc.wait()
+            remove_scratch(prepared.scratch)
+            with self.master.lock:
+                self._procs.pop(proc.pid, None)
+                self._launch_failed(task, error)
+            return
+        with self.master.lock:
+            self.master.agent_update(task, "TASK_RUNNING")
+        self._wait(task, proc, prepared.scratch)
+
+    def _spawn(
+        self, task: Task, sandbox: Path, prepared: Prepared, error_fd: int
+    ) -> subprocess.Popen[bytes] | None:
+        """Start the isolate program, under the lock: a kill until now is seen here, and one
+        from now on reaches it. None if it did not start (reported)."""
+        if task.killing or task.abandoned:  # killed (or its agent) while it was provisioned
+            if not task.abandoned:
+                self.master.task_exited(task, None)
+            self._release_executor(task)
+            return None
+        argv = [sys.executable, "-I", "-S", isolate.__file__, str(prepared.spec_path)]
+        try:
+            with open(sandbox / "stdout", "ab") as out, open(sandbox / "stderr", "ab") as err:
+                proc = subprocess.Popen(
+                    [*argv, str(error_fd)],
+                    pass_fds=(error_fd,),
+                    cwd=sandbox,
+                    env={},
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            self._launch_failed(task, f"Failed to launch the container: {exc}")
+            return None
+        task.handle, task.pid = proc, proc.pid
+        self._procs[proc.pid] = proc
+        return proc
+
+    def _launch_failed(self, task: Task, message: str) -> None:
+        """Report that the task's container could not be launched (under the lock)."""
+        if task.killing:
+            self.master.task_exited(task, None)
+        elif task.executor.group:
+            self.master.agent_update(task, "TASK_FAILED", message)
+        else:
+            self.master.agent_update(
+                task,
+                "TASK_FAILED",
+                f"Failed to launch container: {message}",
+                "REASON_CONTAINER_LAUNCH_FAILED",
+                "SOURCE_AGENT",
+            )
+        self._release_executor(task)
+
+    def _release_executor(self, task: Task) -> None:
+        """Once none of its tasks runs, the executor's container (its /dev/shm) goes."""
+        if all(t.terminal or t.abandoned for t in task.executor.tasks.values()):
+            self.containerizer.release(task.executor)
+
+    def _wait(self, task: Task, proc: subprocess.Popen[bytes], scratch: Path | None = None) -> None:
         returncode = proc.wait()
         # The session may hold children the command left behind: the container dies whole.
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
+        if scratch is not None:
+            remove_scratch(scratch)
         with self.master.lock:
             self._procs.pop(proc.pid, None)
             if not task.abandoned:
                 self.master.task_exited(task, returncode)
+            self._release_executor(task)
 
     def kill(self, task: Task, grace: float) -> None:
         proc = task.handle
@@ -202,17 +318,22 @@ class ProcessRunner:
                 _signal(task.handle, signal.SIGKILL)
 
     def stop(self) -> None:
-        """SIGKILL every task process and reap it."""
+        """SIGKILL every task process and reap it; unmount what containers left on the host."""
         with self.master.lock:
-            procs = list(self._procs.values())
             for agent in self.master.agents.values():
                 for task in agent.tasks.values():
                     task.abandoned = True
+            launching = list(self._launching)
+        for thread in launching:  # provisioning: it sees the task abandoned and starts nothing
+            thread.join()
+        with self.master.lock:
+            procs = list(self._procs.values())
         for proc in procs:
             _signal(proc, signal.SIGKILL)
         for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
+        self.containerizer.release_all()
 
 
 def _signal(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
@@ -221,14 +342,24 @@ def _signal(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
             os.killpg(proc.pid, sig)
 
 
-def _argv(info: dict[str, Any]) -> tuple[list[str], str | None]:
-    command = info.get("command") or {}
-    value = str(command.get("value", ""))
-    if command.get("shell", True):
-        return ["/bin/sh", "-c", value], None
-    # shell=false is execvp(value, arguments); arguments include argv[0].
-    args = [str(a) for a in command.get("arguments") or []] or [value]
-    return args, value
+def _mesos_env(agent: Agent, task: Task, sandbox: str) -> dict[str, str]:
+    """What a Mesos agent sets for a task whose sandbox it sees at ``sandbox``."""
+    env = {
+        "MESOS_SANDBOX": sandbox,
+        "MESOS_TASK_ID": task.task_id,
+        "MESOS_FRAMEWORK_ID": task.framework_id,
+        "MESOS_EXECUTOR_ID": task.executor.executor_id,
+        "MESOS_SLAVE_ID": agent.id,
+        "MESOS_AGENT_ENDPOINT": f"{agent.ip}:{agent.port}",
+        "MESOS_CHECKPOINT": "1",
+        "MESOS_EXECUTOR_SHUTDOWN_GRACE_PERIOD": "5secs",
+    }
+    if agent.total.scalar("gpus") > 0:
+        # Mesos GPU isolation exposes only the task's devices; a task without GPUs sees none.
+        # CUDA and the NVIDIA container runtime each read their variable.
+        visible = ",".join(str(g) for g in task.gpus)
+        env.update(dict.fromkeys(GPU_VARIABLES, visible))
+    return env
 
 
 def _link_latest(run_dir: Path) -> None:

@@ -23,7 +23,9 @@ from pathlib import Path
 from types import TracebackType
 
 from peloton.minicluster.agent import ProcessRunner, SimulatedRunner, TaskDuration
+from peloton.minicluster.containers import Containerizer
 from peloton.minicluster.http import AgentServer, MasterServer
+from peloton.minicluster.images import ImageStore
 from peloton.minicluster.master import FrameworkView, Master, Runner, TaskView
 from peloton.minicluster.resources import format_ranges, normalize_ranges, parse_text, range_count
 from peloton.minicluster.spec import AgentSpec
@@ -66,6 +68,12 @@ class Minicluster:
     that is empty or unknown on this machine gets every task dropped (TASK_DROPPED,
     REASON_EXECUTOR_TERMINATED); run as root, tasks run as the framework's user (a command
     task's CommandInfo.user if set) in sandboxes it owns.
+
+    ``docker_registry``: a directory of ``docker save`` archives (``NAME.tar``, as a Mesos agent's
+    ``--docker_registry`` with ``--image_providers=docker``): a task whose ContainerInfo names an
+    image runs in a container of it (see :mod:`peloton.minicluster.containers`; real agents run
+    as root only). Layers are extracted once, into ``work_dir/store/docker``, for every agent.
+    Without it, a task with an image fails (TASK_FAILED, "Unsupported container image type").
     """
 
     def __init__(
@@ -81,8 +89,10 @@ class Minicluster:
         update_retry_interval: float = 10.0,
         task_duration: TaskDuration | None = None,
         free_ports: bool = False,
+        docker_registry: Path | None = None,
     ) -> None:
         self._specs = list(agents)
+        self._registry = docker_registry
         self._port = port
         self._host = host
         self._work_dir = Path(work_dir) if work_dir is not None else None
@@ -126,7 +136,7 @@ class Minicluster:
         runner: Runner = (
             SimulatedRunner(master, self._task_duration)
             if self.simulated
-            else ProcessRunner(master)
+            else ProcessRunner(master, Containerizer(self._image_store()))
         )
         master.runner = self._runner = runner
         try:
@@ -142,6 +152,12 @@ class Minicluster:
             extra={"address": self.address, "agents": len(self._specs), "sim": self.simulated},
         )
         return self
+
+    def _image_store(self) -> ImageStore | None:
+        if self._registry is None:
+            return None
+        assert self._work_dir is not None
+        return ImageStore(self._registry, self._work_dir / "store" / "docker")
 
     def stop(self) -> None:
         """Kill every task process, stop the servers and threads. Idempotent."""

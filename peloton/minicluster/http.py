@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 from peloton.minicluster.master import KNOWN_CALLS, VERSION, CallError, Master, check_uuid
 from peloton.minicluster.model import Subscriber
 from peloton.minicluster.recordio import encode_event
+from peloton.minicluster.validation import missing_fields
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,14 @@ def validate_call(call: Any) -> dict[str, Any]:
                 + ", ".join(f"acknowledge.{f}" for f in missing),
             )
         check_uuid(call["acknowledge"]["uuid"])
+    if kind == "ACCEPT":
+        missing = missing_fields(call)
+        if missing:
+            raise CallError(
+                400,
+                "Failed to parse body into Call protobuf: Missing required fields: "
+                + ", ".join(missing),
+            )
     return call
 
 

@@ -685,7 +685,7 @@ class Master:
                     )
                 return remaining
             executor = self._executor(
-                agent, fw, plan.executor_id, plan.executor_resources, True, fw.user
+                agent, fw, plan.executor_id, plan.executor_resources, True, fw.user, plan.executor
             )
             remaining = remaining - plan.executor_resources
             for p in plan.tasks:
@@ -704,6 +704,7 @@ class Master:
         resources: ResourceSet,
         group: bool,
         user: str,
+        info: dict[str, Any] | None = None,
     ) -> Executor:
         key = (fw.id, executor_id)
         executor = agent.executors.get(key)
@@ -714,7 +715,9 @@ class Master:
                 directory = (
                     agent.directory / "frameworks" / fw.id / "executors" / executor_id / "runs"
                 ) / run_id
-            executor = Executor(executor_id, fw.id, resources, run_id, directory, group, user=user)
+            executor = Executor(
+                executor_id, fw.id, resources, run_id, directory, group, user=user, info=info or {}
+            )
             agent.executors[key] = executor
             agent.used = agent.used + resources
             assert self.runner is not None

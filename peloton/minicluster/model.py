@@ -147,6 +147,8 @@ class Executor:
     # Who its processes run as when the agent switches users (it runs as root): uid, gid,
     # supplementary groups. None: as the agent itself.
     run_as: tuple[int, int, tuple[int, ...]] | None = None
+    # Its ExecutorInfo (a task group's DEFAULT executor); {} for a command task's.
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(eq=False)

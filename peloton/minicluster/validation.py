@@ -114,7 +114,9 @@ def _check_command(info: dict[str, Any], task_id: str) -> None:
     if not isinstance(shell, bool):
         raise Invalid(f"Task '{task_id}': 'command.shell' must be a boolean")
     value = command.get("value", "")
-    if not isinstance(value, str) or not value:
+    # In an image, a command without a value runs the image's ENTRYPOINT (or CMD).
+    optional = not shell and _has_image(info)
+    if not isinstance(value, str) or not (value or optional):
         what = "a shell command" if shell else "the program"
         raise Invalid(f"Task '{task_id}': 'command.value' ({what}) is required")
     args = command.get("arguments", [])
@@ -128,6 +130,90 @@ def _check_command(info: dict[str, Any], task_id: str) -> None:
         raise Invalid(
             f"Task '{task_id}': 'command.environment.variables' must be a list of {{name, value}}"
         )
+
+
+def _has_image(info: dict[str, Any]) -> bool:
+    container = info.get("container")
+    mesos = container.get("mesos") if isinstance(container, dict) else None
+    return isinstance(mesos, dict) and isinstance(mesos.get("image"), dict)
+
+
+def _check_container(container: Any, whose: str) -> None:
+    """Mesos's ContainerInfo validation (common to tasks and executors); ``whose`` is "Task's"
+    or "Executor's"."""
+    if container is None:
+        return
+    if not isinstance(container, dict) or not isinstance(container.get("volumes", []), list):
+        raise Invalid(f"{whose} `ContainerInfo` must be an object with a list of 'volumes'")
+    problem = ""
+    for volume in container.get("volumes", []):
+        sources = [k for k in ("host_path", "image", "source") if k in _dict(volume)]
+        if len(sources) != 1:
+            problem = (
+                "Invalid volume: Only one of them should be set: 'host_path', 'image' and 'source'"
+            )
+            break
+    if not problem and container.get("type") == "DOCKER" and "docker" not in container:
+        problem = "DockerInfo 'docker' is not set for DOCKER typed ContainerInfo"
+    if problem:
+        raise Invalid(f"{whose} `ContainerInfo` is invalid: {problem}")
+
+
+def _check_group_container(container: Any, what: str) -> None:
+    """A task group's tasks and executor run in the Mesos containerizer: no DOCKER."""
+    _check_container(container, "Task's" if what == "task" else "Executor's")
+    if isinstance(container, dict) and container.get("type") == "DOCKER":
+        raise Invalid(f"Docker ContainerInfo is not supported on the {what}")
+
+
+def missing_fields(call: dict[str, Any]) -> list[str]:
+    """The protobuf-required fields an ACCEPT's containers lack, as Mesos names them when it
+    refuses the call ("Missing required fields: accept.operations[0]...docker.name")."""
+    missing: list[str] = []
+    for i, op in enumerate(_list(_dict(call.get("accept")).get("operations"))):
+        prefix = f"accept.operations[{i}]"
+        group = _dict(_dict(op).get("launch_group"))
+        tasks = _list(_dict(group.get("task_group")).get("tasks"))
+        infos = [(f"{prefix}.launch_group.task_group.tasks[{j}]", t) for j, t in enumerate(tasks)]
+        infos.append((f"{prefix}.launch_group.executor", group.get("executor")))
+        launched = _list(_dict(_dict(op).get("launch")).get("task_infos"))
+        infos += [(f"{prefix}.launch.task_infos[{j}]", t) for j, t in enumerate(launched)]
+        for path, info in infos:
+            container = _dict(info).get("container")
+            if isinstance(container, dict):
+                missing += _missing_in_container(f"{path}.container", container)
+    return missing
+
+
+def _missing_in_container(path: str, container: dict[str, Any]) -> list[str]:
+    missing = [] if "type" in container else [f"{path}.type"]
+    image = _dict(container.get("mesos")).get("image")
+    if isinstance(image, dict):
+        missing += _missing_in_image(f"{path}.mesos.image", image)
+    for k, volume in enumerate(_list(container.get("volumes"))):
+        if not isinstance(volume, dict):
+            continue
+        where = f"{path}.volumes[{k}]"
+        missing += [f"{where}.{f}" for f in ("container_path", "mode") if f not in volume]
+        if isinstance(volume.get("image"), dict):
+            missing += _missing_in_image(f"{where}.image", volume["image"])
+    return missing
+
+
+def _missing_in_image(path: str, image: dict[str, Any]) -> list[str]:
+    missing = [] if "type" in image else [f"{path}.type"]
+    for kind in ("docker", "appc"):
+        if isinstance(image.get(kind), dict) and "name" not in image[kind]:
+            missing.append(f"{path}.{kind}.name")
+    return missing
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def plan_launch(
@@ -162,6 +248,7 @@ def plan_launch(
             if "executor" in info:
                 raise Invalid("Custom executors are not supported by the minicluster")
             _check_command(info, task_id)
+            _check_container(info.get("container"), "Task's")
             if res.is_empty():
                 raise Invalid(f"Task '{task_id}' uses no resources")
             _check_available(
@@ -210,6 +297,7 @@ def plan_group(
             if "executor" in info:
                 raise Invalid(f"Task '{task_id}' in a task group must not set 'executor'")
             _check_command(info, task_id)
+            _check_group_container(info.get("container"), "task")
         except Invalid as exc:  # as Mesos words a group's task errors
             raise Invalid(f"Task '{task_id}' is invalid: {exc}") from None
         total = total + res
@@ -254,6 +342,7 @@ def _check_executor(
         )
     if "command" in executor:
         raise Invalid(f"Executor '{executor_id}': 'command' must not be set for 'DEFAULT'")
+    _check_group_container(executor.get("container"), "executor")
     fid = executor.get("framework_id", {})
     if isinstance(fid, dict) and fid and fid.get("value") != framework_id:
         raise Invalid(

@@ -1,0 +1,94 @@
+"""Docker images for tests, built offline in about a second from this machine's own programs.
+
+    from images_support import base_layer, write_test_images
+
+:func:`base_layer` is a root filesystem of ``/bin/sh`` (dash) and a few coreutils with the shared
+libraries ``ldd`` lists for them (:func:`peloton.minicluster.hostrootfs.host_rootfs`), and
+nothing else: no Python, no peloton. :func:`write_test_images`
+writes a registry of images on it (see :data:`IMAGES`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from peloton.images import write_image
+from peloton.minicluster.hostrootfs import host_rootfs
+
+PROGRAMS = (
+    "sh",
+    "cat",
+    "df",
+    "echo",
+    "env",
+    "grep",
+    "id",
+    "ls",
+    "mkdir",
+    "pwd",
+    "rm",
+    "sleep",
+    "tail",
+    "test",
+    "touch",
+    "wc",
+)
+IMAGE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# What every image of the test registry says about itself (in /etc/image-release).
+RELEASE = "test image 1"
+
+# name -> what it is; see write_test_images.
+IMAGES = {
+    "base:1": "the programs; Env GREETING=image, LAYER=base",
+    "layered:1": "base + a layer deleting /etc/doomed (whiteout), making /opt/stuff opaque",
+    "entry:1": "base; ENTRYPOINT /bin/echo entry, CMD from-cmd",
+    "cmd:1": "base; CMD /bin/echo cmd default (no ENTRYPOINT)",
+    "workdir:1": "base; WorkingDir /opt/work",
+    "data:1": "one layer: /payload/content.txt (a volume's image)",
+}
+
+
+def base_layer(dest: Path) -> Path:
+    """``dest`` filled with PROGRAMS and their libraries, and the files the tests look for."""
+    host_rootfs(dest, PROGRAMS)
+    for directory in ("usr/bin", "opt/stuff"):
+        (dest / directory).mkdir(parents=True)
+    (dest / "etc/image-release").write_text(RELEASE + "\n")
+    (dest / "etc/doomed").write_text("deleted by the layer above\n")
+    (dest / "opt/stuff/old").write_text("hidden by the opaque layer above\n")
+    return dest
+
+
+def whiteout_layer(dest: Path) -> Path:
+    """A layer that deletes /etc/doomed, hides /opt/stuff's old content and adds a file."""
+    (dest / "etc").mkdir(parents=True)
+    (dest / "etc/.wh.doomed").touch()
+    stuff = dest / "opt/stuff"
+    stuff.mkdir(parents=True)
+    (stuff / ".wh..wh..opq").touch()
+    (stuff / "new").write_text("from the top layer\n")
+    return dest
+
+
+def write_test_images(registry: Path, scratch: Path) -> Path:
+    """Write every image of IMAGES into ``registry`` (as ``NAME.tar``); ``registry``."""
+    base = base_layer(scratch / "base")
+    top = whiteout_layer(scratch / "whiteouts")
+    data = scratch / "data"
+    (data / "payload").mkdir(parents=True)
+    (data / "payload/content.txt").write_text("from the data image\n")
+    env = {"PATH": IMAGE_PATH, "GREETING": "image", "LAYER": "base"}
+    write_image(registry / "base:1.tar", "base:1", [base], env=env)
+    write_image(registry / "layered:1.tar", "layered:1", [base, top], env=env)
+    write_image(
+        registry / "entry:1.tar",
+        "entry:1",
+        [base],
+        entrypoint=["/bin/echo", "entry"],
+        cmd=["from-cmd"],
+        env=env,
+    )
+    write_image(registry / "cmd:1.tar", "cmd:1", [base], cmd=["/bin/echo", "cmd", "default"])
+    write_image(registry / "workdir:1.tar", "workdir:1", [base], env=env, workdir="/opt/work")
+    write_image(registry / "data:1.tar", "data:1", [data])
+    return registry
