@@ -260,9 +260,12 @@ def error_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def start_minicluster(agents: Sequence[AgentSpec], work_dir: Path) -> Minicluster:
+def start_minicluster(
+    agents: Sequence[AgentSpec], work_dir: Path, docker_registry: Path | None = None
+) -> Minicluster:
     """A started minicluster on a free port, quick to offer and to re-send updates, whose agents
-    offer ports the kernel picked and held for them (no other program on the machine has them)."""
+    offer ports the kernel picked and held for them (no other program on the machine has them);
+    with ``docker_registry``, its tasks may run in that registry's images."""
     mc = Minicluster(
         agents,
         port=0,
@@ -270,6 +273,7 @@ def start_minicluster(agents: Sequence[AgentSpec], work_dir: Path) -> Minicluste
         allocation_interval=0.1,
         update_retry_interval=1.0,
         free_ports=True,
+        docker_registry=docker_registry,
     )
     mc.start()
     return mc

@@ -10,10 +10,16 @@ writes a registry of images on it (see :data:`IMAGES`).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+from peloton.collective import bundle as runtime_bundle
 from peloton.images import write_image
 from peloton.minicluster.hostrootfs import host_rootfs
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLE = ROOT / "build" / "peloton-runtime"
 
 PROGRAMS = (
     "sh",
@@ -92,3 +98,25 @@ def write_test_images(registry: Path, scratch: Path) -> Path:
     write_image(registry / "workdir:1.tar", "workdir:1", [base], env=env, workdir="/opt/work")
     write_image(registry / "data:1.tar", "data:1", [data])
     return registry
+
+
+def build_bundle() -> Path:
+    """The collective runtime bundle, built (incrementally) by the project's own build, as
+    ``make bundle`` does; its directory."""
+    build = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_bundle", f"--build-dir={BUNDLE}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert build.returncode == 0, f"the bundle did not build:\n{build.stdout}\n{build.stderr}"
+    assert "warning:" not in build.stderr, build.stderr
+    return runtime_bundle.locate(BUNDLE)
+
+
+def write_runtime_image(registry: Path) -> str:
+    """The bundle's image in ``registry``, as an operator puts it in an agent's; its name."""
+    bundle = build_bundle()
+    runtime_bundle.write_bundle_image(bundle, runtime_bundle.image_path(bundle, registry))
+    return runtime_bundle.reference(bundle)

@@ -98,11 +98,11 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Miniclu
     mc.stop()
 
 
-def task_log(client: PelotonClient, job_id: str, instance: int) -> str:
-    """The whole stdout of the task's latest attempt, read from its agent."""
+def task_log(client: PelotonClient, job_id: str, instance: int, stderr: bool = False) -> str:
+    """The whole stdout (or stderr) of the task's latest attempt, read from its agent."""
     data, offset = b"", 0
     while True:
-        piece = client.get_task_logs(job_id, instance, offset=offset)
+        piece = client.get_task_logs(job_id, instance, offset=offset, stderr=stderr)
         if not piece.data:
             return data.decode(errors="replace")
         data += piece.data

@@ -17,7 +17,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from images_support import BUNDLE, build_bundle
 
 import peloton
 from peloton.collective import bundle as rb
@@ -33,8 +33,6 @@ from peloton.core.containers import RUNTIME_DIR
 from peloton.core.gangenv import GangEnv, GangEnvError, topology
 from peloton.images import open_layer, read_image
 
-ROOT = Path(__file__).resolve().parents[1]
-BUNDLE = ROOT / "build" / "peloton-runtime"
 MOUNT = "/opt/peloton"
 DEADLINE_S = 60.0
 # Where NCCL is not installed the self-check says so with the loader's own reason.
@@ -45,16 +43,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
 
 @pytest.fixture(scope="module")
 def bundle() -> Path:
-    build = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_bundle", f"--build-dir={BUNDLE}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert build.returncode == 0, f"the bundle did not build:\n{build.stdout}\n{build.stderr}"
-    assert "warning:" not in build.stderr, build.stderr
-    return rb.locate(BUNDLE)
+    return build_bundle()
 
 
 def check(
@@ -445,7 +434,9 @@ def test_the_c_abi_and_gangenv_agree_on_generated_environments(
 # ---------------------------------------------------------------- the image
 
 
-def test_the_image_holds_the_bundle_at_its_mount_path(bundle: Path, tmp_path: Path) -> None:
+def test_the_image_holds_the_bundle_at_its_root(bundle: Path, tmp_path: Path) -> None:
+    """Mounted as an image volume at /opt/peloton, the image's root is the bundle; run by itself,
+    its opt/peloton link leads the programs to their loader."""
     out = rb.write_bundle_image(bundle, tmp_path / "peloton-runtime.tar")
     image = read_image(out)
     assert image.reference == f"peloton-runtime:{peloton.__version__}"
@@ -453,13 +444,21 @@ def test_the_image_holds_the_bundle_at_its_mount_path(bundle: Path, tmp_path: Pa
     assert image.config.env == rb.task_env(bundle)
     [layer] = image.layers
     with open_layer(image, layer) as tar:
-        members = {m.name: m for m in tar.getmembers()}
-    check_member = members[f"opt/peloton/bin/{rb.CHECK}"]
+        members = {m.name.removeprefix("./"): m for m in tar.getmembers()}
+    check_member = members[f"bin/{rb.CHECK}"]
     assert check_member.isfile() and check_member.mode & stat.S_IXUSR
     assert check_member.size == (bundle / "bin" / rb.CHECK).stat().st_size
-    assert f"opt/peloton/lib/{rb.LIBRARY}" in members
-    assert "opt/peloton/lib/glibc/libc.so.6" in members
-    assert {name.split("/")[0] for name in members} == {"opt"}
+    assert f"lib/{rb.LIBRARY}" in members
+    assert "lib/glibc/libc.so.6" in members
+    link = members["opt/peloton"]
+    assert link.issym() and link.linkname == ".."
+    root = tmp_path / "root"
+    root.mkdir()
+    with open_layer(image, layer) as tar:
+        tar.extractall(root, filter="tar")
+    assert (root / "opt/peloton/lib/glibc/ld-linux-x86-64.so.2").resolve() == (
+        root / "lib/glibc/ld-linux-x86-64.so.2"
+    ).resolve()
 
 
 def test_the_image_goes_into_a_registry_directory_by_reference(

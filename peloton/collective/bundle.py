@@ -117,16 +117,22 @@ def image_path(bundle: Path, registry: Path | None = None) -> Path:
 
 
 def write_bundle_image(bundle: Path, out: Path) -> Path:
-    """Writes the image ``peloton-runtime:VERSION`` to ``out``: one layer holding the bundle at its
-    mount path; running the image itself runs the self-check. Returns ``out``."""
+    """Writes the image ``peloton-runtime:VERSION`` to ``out``: one layer holding the bundle at
+    its root, since an image volume (Mesos's ``volume/image``) mounts an image's root at the
+    volume's path. A link ``opt/peloton -> ..`` makes the programs' loader path resolve when the
+    image runs by itself too (its entrypoint is the self-check). Returns ``out``."""
     mount = mount_path(bundle)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".bundle-layer-") as layer:
-        shutil.copytree(bundle, Path(layer) / mount.relative_to("/"))
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".bundle-layer-") as scratch:
+        layer = Path(scratch) / "layer"
+        shutil.copytree(bundle, layer, symlinks=True)
+        link = layer / mount.relative_to("/")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(Path(*[".."] * (len(link.relative_to(layer).parts) - 1)))
         write_image(
             out,
             reference(bundle),
-            [Path(layer)],
+            [layer],
             entrypoint=[f"{mount}/bin/{CHECK}"],
             env=task_env(bundle),
         )
