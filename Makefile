@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 PROTOS := $(wildcard proto/peloton/v1/*.proto)
 STAMP  := $(VENV)/.installed
 
-.PHONY: help dev proto proto-check bundle lint test test-mesos bench demo clean prometheus
+.PHONY: help dev proto proto-check bundle images lint test test-mesos bench demo clean prometheus
 
 help:
 	@echo "make dev          virtualenv in $(VENV), editable install with dev tools, generated code"
@@ -20,6 +20,8 @@ help:
 	@echo "make proto-check  fail if the committed generated code in peloton/v1 is stale"
 	@echo "make bundle       the collective runtime bundle for task containers in build/peloton-runtime"
 	@echo "                  (mounted at /opt/peloton) and its image build/peloton-runtime.tar"
+	@echo "make images       build/images: a registry for the minicluster's task containers (README"
+	@echo "                  \"Task containers\"): the runtime bundle's image and example:1"
 	@echo "make prometheus   install prometheus and promtool (Debian package, as root)"
 	@echo "make clean        remove $(VENV), .demo, .bench and tool caches"
 
@@ -51,6 +53,13 @@ proto-check: $(STAMP)
 bundle: $(STAMP)
 	$(PY) setup.py -q build_bundle
 	$(PY) -m peloton.collective.bundle
+
+# A --docker-registry directory for trying task containers on the minicluster: the runtime
+# bundle's image, and example:1, an image of this machine's shell and a few coreutils (no Python).
+EXAMPLE_IMAGE_PROGRAMS := sh cat df echo env ls sleep tail
+images: bundle
+	$(PY) -m peloton.collective.bundle --registry build/images
+	$(PY) -m peloton.minicluster.hostrootfs --registry build/images example:1 $(EXAMPLE_IMAGE_PROGRAMS)
 
 lint: $(STAMP) proto-check
 	$(BIN)/ruff check peloton tests bench migrations

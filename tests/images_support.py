@@ -16,7 +16,7 @@ from pathlib import Path
 
 from peloton.collective import bundle as runtime_bundle
 from peloton.images import write_image
-from peloton.minicluster.hostrootfs import host_rootfs
+from peloton.minicluster.hostrootfs import IMAGE_PATH, host_rootfs
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "build" / "peloton-runtime"
@@ -39,7 +39,6 @@ PROGRAMS = (
     "touch",
     "wc",
 )
-IMAGE_PATH = "/usr/local/bin:/usr/bin:/bin"
 # What every image of the test registry says about itself (in /etc/image-release).
 RELEASE = "test image 1"
 

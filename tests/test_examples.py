@@ -2,7 +2,10 @@
 README tells a user to start for them (examples/minicluster-examples.yaml), through a daemon: the
 pools created from examples/pools, each job file's own command run from the virtualenv (as after
 ``. .venv/bin/activate``), to the end its comment promises, placed as it says, with the workers'
-output in the task logs. tests/mesos/test_real_examples.py runs the same checks on real Mesos."""
+output in the task logs. tests/mesos/test_real_examples.py runs the same checks on real Mesos.
+The container example needs the cluster's image store (README "Task containers", whose commands
+tests/test_readme_containers.py runs: it submits that example and checks its end); the local real
+Mesos cluster has no image support, so it runs on the minicluster only."""
 
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ MODEL = {a.hostname: attribute(a, "gpu_model") for a in agents()}
 
 def test_every_example_is_there() -> None:
     assert JOB_FILES == [
+        "container-allreduce.yaml",
         "gang-8gpu.yaml",
         "job.yaml",
         "multi-rack-gang.yaml",

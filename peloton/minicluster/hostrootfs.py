@@ -4,12 +4,19 @@ container benchmark run images of it)."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from peloton.images import write_image
+
+# The PATH of such an image: its programs are in /bin.
+IMAGE_PATH = "/usr/local/bin:/usr/bin:/bin"
 # An ldd line that names a library file: "libc.so.6 => /lib/.../libc.so.6 (0x...)", or the loader.
 _LIBRARY = re.compile(r"(/\S+) \(0x[0-9a-f]+\)$")
 
@@ -41,3 +48,32 @@ def host_rootfs(dest: Path, programs: Iterable[str]) -> Path:
 def _libraries(program: Path) -> list[str]:
     out = subprocess.run(["ldd", str(program)], capture_output=True, text=True, check=True)
     return [m.group(1) for line in out.stdout.splitlines() if (m := _LIBRARY.search(line))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m peloton.minicluster.hostrootfs --registry DIR NAME:TAG PROGRAM...``: an image
+    of this machine's programs (no Python, no peloton), as ``DIR/NAME:TAG.tar``, for trying task
+    containers on the minicluster offline."""
+    parser = argparse.ArgumentParser(
+        prog="python -m peloton.minicluster.hostrootfs",
+        description="Write an image of this machine's programs and their libraries into a "
+        "minicluster's --docker-registry directory.",
+    )
+    parser.add_argument("--registry", type=Path, required=True, help="the registry directory")
+    parser.add_argument("reference", help="the image's name, e.g. example:1")
+    parser.add_argument("programs", nargs="+", help="programs on PATH, e.g. sh cat ls")
+    args = parser.parse_args(argv)
+    out = args.registry / f"{args.reference}.tar"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".rootfs-") as scratch:
+        try:
+            layer = host_rootfs(Path(scratch) / "layer", args.programs)
+        except FileNotFoundError as exc:
+            parser.exit(1, f"error: {exc}\n")
+        write_image(out, args.reference, [layer], env={"PATH": IMAGE_PATH})
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
