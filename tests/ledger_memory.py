@@ -337,11 +337,12 @@ class MemoryLedger:
             self._after_commit((), 0, job_id)
         return admitted
 
-    def set_pending_reason(self, job_id: str, reason: str, message: str) -> None:
+    def set_pending_reasons(self, reasons: Mapping[str, tuple[str, str]]) -> None:
         with self._lock:
-            job = self._require(job_id)
-            if job.state == JobState.PENDING:
-                job.reason, job.message = reason, message
+            for job_id, (reason, message) in reasons.items():
+                job = self._require(job_id)
+                if job.state == JobState.PENDING:
+                    job.reason, job.message = reason, message
 
     def fail_pending(self, job_id: str, reason: str, message: str) -> JobRecord:
         return self._fail_waiting(job_id, {T.PENDING}, reason, message)

@@ -89,8 +89,12 @@ def test_admission_moves_the_lowest_pending_whole_or_not_at_all(s: Setup) -> Non
 
 def test_a_pending_reason_is_said_only_of_a_pending_job_and_moves_nothing(s: Setup) -> None:
     waiting, running = s.job(1), s.running(1)
-    s.ledger.set_pending_reason(waiting, "pending_entitlement", "pool /p: full")
-    s.ledger.set_pending_reason(running, "pending_entitlement", "ignored")
+    s.ledger.set_pending_reasons(
+        {
+            waiting: ("pending_entitlement", "pool /p: full"),
+            running: ("pending_entitlement", "ignored"),
+        }
+    )
     assert (s.ledger.get_job(waiting).reason, s.ledger.get_job(waiting).message) == (
         "pending_entitlement",
         "pool /p: full",

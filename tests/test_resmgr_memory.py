@@ -155,7 +155,7 @@ def test_the_cycle_writes_only_through_the_ledger_protocol() -> None:
         "get_jobs",
         "instances",
         "admit_pending",
-        "set_pending_reason",
+        "set_pending_reasons",
         "fail_pending",
         "preempt",
         "requeue_placements",
@@ -181,4 +181,4 @@ def test_the_cycle_writes_only_through_the_ledger_protocol() -> None:
         rm.run_cycle()
     assert h.counts(low) == {"PREEMPTING": 4}
     assert set(calls) <= allowed
-    assert {"admit_pending", "set_pending_reason", "fail_pending", "preempt"} <= set(calls)
+    assert {"admit_pending", "set_pending_reasons", "fail_pending", "preempt"} <= set(calls)

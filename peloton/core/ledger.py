@@ -21,7 +21,7 @@ What every implementation promises (the job manager's docstrings say it in full)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -51,8 +51,9 @@ class SchedulingLedger(Protocol):
         for a job being killed or with fewer PENDING tasks than that)."""
         ...
 
-    def set_pending_reason(self, job_id: str, reason: str, message: str) -> None:
-        """Say why a PENDING job waits; no-op for a job in another state."""
+    def set_pending_reasons(self, reasons: Mapping[str, tuple[str, str]]) -> None:
+        """Say why each PENDING job waits, ``{job_id: (reason, message)}``, in one write; jobs
+        in another state are left alone."""
         ...
 
     def fail_pending(self, job_id: str, reason: str, message: str) -> JobRecord:

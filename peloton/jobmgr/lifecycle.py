@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from peloton.core import spec as specs
 from peloton.core.records import JobRecord
@@ -210,15 +210,27 @@ class Lifecycle(Part):
 
     def set_pending_reason(self, job_id: str, reason: str, message: str) -> None:
         """Say why a PENDING job waits (GetJob shows it); no-op for other states."""
-        with self._ctx.job(job_id) as work:
-            if work.state != JobState.PENDING or (work.row.reason, work.row.message) == (
-                reason,
-                message,
-            ):
-                return
-            # Not a change of state or spec: the version (optimistic concurrency) stays.
-            work.note(reason=reason, message=message)
-        self._ctx.events.publish(job_id)
+        self.set_pending_reasons({job_id: (reason, message)})
+
+    def set_pending_reasons(self, reasons: Mapping[str, tuple[str, str]]) -> None:
+        """Say why each PENDING job waits, ``{job_id: (reason, message)}``, in one transaction
+        (a scheduling cycle explains every job it looked at: one commit, not one per job);
+        jobs in other states are left alone."""
+        changed: list[str] = []
+        with self._ctx.db.writing() as session:
+            for job_id in sorted(reasons):  # locked in one order: no deadlock with another
+                work = self._ctx.lock(session, job_id)
+                if (
+                    work.state != JobState.PENDING
+                    or (work.row.reason, work.row.message) == (reasons[job_id])
+                ):
+                    continue
+                # Not a change of state or spec: the version (optimistic concurrency) stays.
+                reason, message = reasons[job_id]
+                work.note(reason=reason, message=message)
+                changed.append(job_id)
+        for job_id in changed:
+            self._ctx.events.publish(job_id)
 
     def fail_pending(self, job_id: str, reason: str, message: str) -> JobRecord:
         """Fail a job's PENDING tasks: their gang can never be admitted (the job fails if

@@ -337,7 +337,7 @@ class ResourceManager:
         with self._lock:
             if self._still_admitted(gang):
                 self._admitted.append(gang)
-        self._jobs.set_pending_reason(gang.job_id, "placement", reason)
+        self._jobs.set_pending_reasons({gang.job_id: ("placement", reason)})
 
     def _still_admitted(self, gang: Gang) -> bool:
         view = self._views.get(gang.job_id)
@@ -374,8 +374,7 @@ class ResourceManager:
             decisions, free = admission.admit_all(
                 queues, rooms, free, self._capacity, self._no_hosts, self._lost
             )
-            for decision in decisions.values():
-                self._explain(decision)
+            self._explain(decisions.values())
             admitted = [(pool, g) for pool, d in decisions.items() for g in d.admitted]
             self._admit(admitted[:max_admissions])
             self._backlog = max_admissions is not None and len(admitted) > max_admissions
@@ -519,14 +518,18 @@ class ResourceManager:
             usage.np_allocation.get(pool, ZERO),
         )
 
-    def _explain(self, decision: Decision) -> None:
-        """Fail what can never be admitted; tell each waiting job why it waits (once)."""
-        for key, (_, message) in decision.infeasible.items():
-            self._fail(key, message)
-        for key, reason in decision.pending.items():
-            if self._reasons.get(key) != reason and key not in decision.infeasible:
-                self._reasons[key] = reason
-                self._jobs.set_pending_reason(key, *reason)
+    def _explain(self, decisions: Iterable[Decision]) -> None:
+        """Fail what can never be admitted; tell each waiting job why it waits (once), every
+        new reason of the cycle in one write."""
+        told: dict[str, tuple[str, str]] = {}
+        for decision in decisions:
+            for key, (_, message) in decision.infeasible.items():
+                self._fail(key, message)
+            for key, reason in decision.pending.items():
+                if self._reasons.get(key) != reason and key not in decision.infeasible:
+                    told[key] = self._reasons[key] = reason
+        if told:
+            self._jobs.set_pending_reasons(told)
 
     def _admit(self, gangs: Sequence[tuple[str, Waiting]]) -> None:
         """Write the cycle's admissions (one transaction) and hand the gangs to placement."""
