@@ -33,6 +33,15 @@ Observed on the real master (1.11.0), and matched here:
   "Task uses invalid agent X while agent Y is expected"; a DEFAULT executor needs 0.01 cpus,
   32MB mem and some disk: "Executor 'E' uses less CPUs (None) than the minimum required (0.01)",
   "... uses less memory (16MB) than the minimum required (32MB)", "... uses no disk".
+- Task containers as peloton sends them: a task group's tasks with a MESOS ContainerInfo (a
+  DOCKER image, a read-only host-path volume and a read-only image volume, ``linux_info``
+  ``ipc_mode: SHARE_PARENT``) under a DEFAULT executor with a MESOS ContainerInfo of
+  ``linux_info`` ``ipc_mode: PRIVATE`` and a ``shm_size`` are accepted; each task goes
+  TASK_STARTING, TASK_RUNNING, TASK_FINISHED "Command exited with status 0" (the local real
+  agents have no image support: their executors ignore ContainerInfo and run the command on the
+  host; the minicluster runs it in the image). A task group's task with a DOCKER ContainerInfo is
+  TASK_ERROR from the master, REASON_TASK_GROUP_INVALID: "Task 'ID' is invalid: Docker
+  ContainerInfo is not supported on the task".
 """
 
 from __future__ import annotations
@@ -447,5 +456,79 @@ def check_bad_executors_and_agents_are_refused(master: str) -> None:
         )
         (status,) = _updates_until_terminal(sched, "elsewhere-command")
         _assert_error(status, "REASON_TASK_INVALID", wrong(offer))
+    finally:
+        _leave(sched)
+
+
+# ---------------------------------------------------------------------- task containers
+
+
+def _image(name: str) -> dict[str, Any]:
+    return {"type": "DOCKER", "docker": {"name": name}}
+
+
+def check_containers_of_a_task_group_run(
+    master: str, image: str, volume_image: str, host_dir: str
+) -> None:
+    """Agents with the images ``image`` and ``volume_image`` (a real agent without image support
+    ignores them). A task group of two tasks in ``image``, each with ``host_dir`` (a directory
+    that exists) and ``volume_image`` mounted read-only and the executor's IPC namespace, whose
+    executor has a /dev/shm of its own (peloton's shape: :mod:`peloton.hostmgr.launch`), is
+    accepted and its tasks run ``true`` to TASK_FINISHED."""
+    container = {
+        "type": "MESOS",
+        "mesos": {"image": _image(image)},
+        "volumes": [
+            {"container_path": "/data", "mode": "RO", "host_path": host_dir},
+            {"container_path": "/opt/peloton", "mode": "RO", "image": _image(volume_image)},
+        ],
+        "linux_info": {"ipc_mode": "SHARE_PARENT"},
+    }
+    sched = _scheduler(master)
+    try:
+        offer = sched.offer(timeout=TIMEOUT)
+        task_ids = ["in-image-0", "in-image-1"]
+        tasks = [
+            dict(task_info(t, "true"), agent_id=offer["agent_id"], container=container)
+            for t in task_ids
+        ]
+        executor = {
+            "type": "DEFAULT",
+            "executor_id": {"value": f"ex-{uuid.uuid4().hex[:8]}"},
+            "framework_id": {"value": sched.framework_id},
+            "resources": EXECUTOR,
+            "container": {"type": "MESOS", "linux_info": {"ipc_mode": "PRIVATE", "shm_size": 64}},
+        }
+        launch = {
+            "type": "LAUNCH_GROUP",
+            "launch_group": {"executor": executor, "task_group": {"tasks": tasks}},
+        }
+        sched.ok(
+            "ACCEPT",
+            {"offer_ids": [offer["id"]], "operations": [launch], "filters": ACCEPT_FILTERS},
+        )
+        for task_id in task_ids:
+            updates = _updates_until_terminal(sched, task_id)
+            seen = json.dumps(updates)
+            states = [s["state"] for s in updates]
+            assert states == ["TASK_STARTING", "TASK_RUNNING", "TASK_FINISHED"], seen
+            assert updates[-1]["message"] == "Command exited with status 0", seen
+    finally:
+        _leave(sched)
+
+
+def check_docker_containers_in_a_task_group_are_refused(master: str) -> None:
+    """Any cluster. A task group's task with a DOCKER ContainerInfo is refused by the master."""
+    sched = _scheduler(master)
+    try:
+        docker = task_info("docker", "true")
+        docker["container"] = {"type": "DOCKER", "docker": {"image": "base:1"}}
+        sched.launch_group(sched.offer(timeout=TIMEOUT), [docker], filters=ACCEPT_FILTERS)
+        (status,) = _updates_until_terminal(sched, "docker")
+        _assert_error(
+            status,
+            "REASON_TASK_GROUP_INVALID",
+            "Task 'docker' is invalid: Docker ContainerInfo is not supported on the task",
+        )
     finally:
         _leave(sched)

@@ -1,14 +1,19 @@
 """The checks of ``tests/mesos_fidelity.py`` on real Mesos 1.11: what the minicluster is held to
 (``tests/test_minicluster_fidelity.py`` runs the same functions on it).
 
-The framework-user and bad-executor checks run on ``PELOTON_TEST_MESOS_MASTER`` when set
-(their tasks are dropped by the agents or refused by the master: nothing runs); the others need
-agents of a given shape and start local real clusters. What the local real cluster cannot
-show (tasks switched to the framework's user: its executors are stand-ins that ignore the user)
-stays on the minicluster.
+The framework-user, bad-executor and Docker-container checks run on ``PELOTON_TEST_MESOS_MASTER``
+when set (their tasks are dropped by the agents or refused by the master: nothing runs); the
+others need agents of a given shape and start local real clusters. The task-container check is
+one of those: the local agents have no image support (their executors ignore ContainerInfo and
+run the command on the host), so it shows that the master accepts the containers peloton sends
+and the tasks run, where an operator's agents would need the test images. What the local real
+cluster cannot show (tasks switched to the framework's user: its executors are stand-ins that
+ignore the user; tasks run in their images) stays on the minicluster.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import mesos_fidelity as fidelity
 import pytest
@@ -35,9 +40,21 @@ def test_bad_executors_and_agents_are_refused(mesos: RealCluster) -> None:
     fidelity.check_bad_executors_and_agents_are_refused(mesos.master)
 
 
+def test_docker_containers_in_a_task_group_are_refused(mesos: RealCluster) -> None:
+    fidelity.check_docker_containers_in_a_task_group_are_refused(mesos.master)
+
+
 @pytest.mark.local_shape
 def test_the_current_user_runs(real_cluster: RealClusterFactory) -> None:
     fidelity.check_known_user_runs(real_cluster(resources=fidelity.PLAIN_AGENT).master)
+
+
+@pytest.mark.local_shape
+def test_containers_of_a_task_group_run(real_cluster: RealClusterFactory, tmp_path: Path) -> None:
+    cluster = real_cluster(resources=fidelity.PLAIN_AGENT)
+    host_dir = tmp_path / "volume"
+    host_dir.mkdir()
+    fidelity.check_containers_of_a_task_group_run(cluster.master, "base:1", "data:1", str(host_dir))
 
 
 @pytest.mark.local_shape
