@@ -266,6 +266,17 @@ class PelotonClient:
         )
         return self._call(self._hosts.GetTaskLogs, request)
 
+    def get_task_gpus(
+        self, job_id: str, instance_id: int, *, attempt: int = 0
+    ) -> host_pb2.GetTaskGpusResponse:
+        """The host indices of the GPUs a task sees, as it reported them into its sandbox (read
+        from its agent): of ``attempt`` (1, 2, ...), or of the latest attempt that reached a
+        host. ``reported`` false: ``reason`` says why they are not known."""
+        request = host_pb2.GetTaskGpusRequest(
+            job_id=job_id, instance_id=instance_id, attempt=attempt
+        )
+        return self._call(self._hosts.GetTaskGpus, request)
+
     # ------------------------------------------------------------------ plumbing
 
     def _call(self, method: Callable[..., R], request: object) -> R:

@@ -124,6 +124,30 @@ def test_logs_of_an_attempt_name_the_field_and_the_attempts_that_exist(
     assert "only one attempt" in str(e.details())
 
 
+def test_task_gpus_name_the_field_the_task_and_the_attempts_that_exist(
+    server: Server, stub: host_pb2_grpc.HostServiceStub
+) -> None:
+    assert server.jobs is not None
+    job, _ = server.jobs.create_job(make_spec(1))
+
+    def gpus(**fields: object) -> grpc.RpcError:
+        request = host_pb2.GetTaskGpusRequest(**fields)  # type: ignore[arg-type]
+        return error(lambda: stub.GetTaskGpus(request))
+
+    e = gpus()
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "job_id" in str(e.details())
+    e = gpus(job_id="nope")
+    assert e.code() == grpc.StatusCode.NOT_FOUND and "nope" in str(e.details())
+    e = gpus(job_id=job.id, instance_id=9)
+    assert e.code() == grpc.StatusCode.NOT_FOUND and "no instance 9" in str(e.details())
+    e = gpus(job_id=job.id, attempt=2)
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+    assert str(e.details()).startswith("attempt: ") and "only attempt is 1" in str(e.details())
+    e = gpus(job_id=job.id)
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not been launched" in str(e.details())
+
+
 def test_cli_host_commands(server: Server) -> None:
     assert server.hosts is not None
     server.hosts.observe("h1", "a1", HOST, {"rack": "r1"}, "127.0.0.1:5051")

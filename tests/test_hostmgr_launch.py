@@ -10,7 +10,7 @@ from test_hostmgr_offers import raw_offer
 from peloton.core.offers import LaunchTask, Lease
 from peloton.core.records import attempt_id, parse_attempt_id
 from peloton.core.resources import EXECUTOR_RESOURCES, Resources
-from peloton.hostmgr.launch import launch_group
+from peloton.hostmgr.launch import gpu_report, launch_group
 from peloton.hostmgr.offers import parse_offer
 
 
@@ -53,6 +53,8 @@ def test_launch_group_has_a_default_executor_with_disk_and_one_group() -> None:
     assert all(r["allocation_info"] == {"role": "*"} for r in first["resources"])
     assert all(r["role"] == "*" for r in first["resources"])  # named exactly as offered
     assert first["command"]["shell"] is True
+    # A task with GPUs reports them first; its command comes last, as written.
+    assert first["command"]["value"] == f"{gpu_report()}\npython t.py"
     assert {"name": "PELOTON_RANK", "type": "VALUE", "value": "0"} in first["command"][
         "environment"
     ]["variables"]

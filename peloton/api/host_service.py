@@ -1,4 +1,5 @@
-"""HostService: hosts (Mesos agents) and task sandbox logs (proto/peloton/v1/host.proto)."""
+"""HostService: hosts (Mesos agents) and what task sandboxes hold: their logs and the GPUs their
+tasks report (proto/peloton/v1/host.proto)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from typing import TYPE_CHECKING
 import grpc
 
 from peloton.api.convert import timestamp
+from peloton.core.containers import container_launch, runs_in_shell
 from peloton.core.hosts import HostState, HostView
 from peloton.core.records import AttemptRecord, EventRecord, TaskRecord
 from peloton.core.states import TASK_ACTIVE, TASK_TERMINAL, TASK_UNLAUNCHED
 from peloton.errors import FailedPrecondition, InvalidArgument, NotFound
 from peloton.hostmgr.hosts import HostRegistry
-from peloton.hostmgr.sandbox import read_file, sandbox_path
+from peloton.hostmgr.sandbox import GPU_REPORT, read_file, sandbox_path
 from peloton.jobmgr.manager import JobManager
 from peloton.v1 import host_pb2, host_pb2_grpc
 
@@ -22,6 +24,10 @@ if TYPE_CHECKING:  # pymesos (imported by the framework) is only loaded when Mes
 
 DEFAULT_LOG_BYTES = 64 * 1024
 MAX_LOG_BYTES = 1024 * 1024
+# A GPU report is one short line; what is longer names no indices anyway.
+MAX_GPU_REPORT_BYTES = 4096
+# How much of a report that names no indices its reason quotes.
+QUOTED_REPORT_CHARS = 80
 
 
 def host_pb(view: HostView) -> host_pb2.Host:
@@ -98,10 +104,8 @@ class HostService(host_pb2_grpc.HostServiceServicer):
             raise InvalidArgument("previous", "cannot be combined with attempt: give one of them")
         task, events = self._jobs.get_task(request.job_id, request.instance_id)
         chosen = pick_attempt(task, events, request.attempt, request.previous)
-        if self._hostmgr is None:
-            raise FailedPrecondition("no Mesos master is configured (server --mesos-master)")
-        address, framework_id, executor_id = self._hostmgr.sandbox(chosen)
-        ended = chosen is not task.current or chosen.state in TASK_TERMINAL
+        address, framework_id, executor_id = self._sandbox(chosen)
+        ended = _ended(task, chosen)
         name = "stderr" if request.stderr else "stdout"
         try:
             data, offset = read_file(
@@ -121,13 +125,90 @@ class HostService(host_pb2_grpc.HostServiceServicer):
             data=data, offset=offset, ended=ended, task_id=chosen.id, attempt=chosen.attempt
         )
 
+    def GetTaskGpus(
+        self, request: host_pb2.GetTaskGpusRequest, context: grpc.ServicerContext
+    ) -> host_pb2.GetTaskGpusResponse:
+        if not request.job_id:
+            raise InvalidArgument("job_id", "is required")
+        task, events = self._jobs.get_task(request.job_id, request.instance_id)
+        chosen = pick_attempt(task, events, request.attempt, previous=False)
+        # A job's spec never changes once created: it is what every attempt was launched with.
+        spec = self._jobs.get_job(request.job_id).spec.task
+        answer = host_pb2.GetTaskGpusResponse(
+            task_id=chosen.id, attempt=chosen.attempt, requested=int(spec.resources.gpu)
+        )
+        if not answer.requested:
+            answer.reported = True  # no GPU to report: the agent need not be asked
+            return answer
+        container = container_launch(spec)
+        if container is not None and not runs_in_shell(container):
+            answer.reason = (
+                f"its container's entrypoint is {container.entrypoint!r}: only a command that "
+                "runs through a shell reports its GPUs"
+            )
+            return answer
+        address, framework_id, executor_id = self._sandbox(chosen)
+        path = sandbox_path(framework_id, executor_id, chosen.id, GPU_REPORT)
+        try:
+            data, _ = read_file(address, path, 0, MAX_GPU_REPORT_BYTES)
+        except NotFound:
+            data = b""
+        text = data.decode("utf-8", errors="replace")
+        # The line ends the report: a file without it is still being written.
+        if not text.endswith("\n"):
+            answer.reason = (
+                f"attempt {chosen.attempt} left no report of its GPUs in its sandbox: its agent "
+                "garbage-collected the sandbox, or it ended before its command started"
+                if _ended(task, chosen)
+                else f"attempt {chosen.attempt} has not reported its GPUs yet: its command "
+                "reports them as it starts"
+            )
+            return answer
+        indices = gpu_indices(text)
+        if indices is None:
+            seen = text.strip()
+            if len(seen) > QUOTED_REPORT_CHARS:
+                seen = seen[:QUOTED_REPORT_CHARS] + "..."
+            answer.reason = (
+                f"the task sees its GPUs as {seen!r}, not by host index (CUDA_VISIBLE_DEVICES "
+                "names them by UUID or MIG device)"
+            )
+            return answer
+        answer.reported = True
+        answer.gpu_indices.extend(indices)
+        return answer
+
+    def _sandbox(self, attempt: AttemptRecord) -> tuple[str, str, str]:
+        """(agent address, framework id, executor id) of an attempt's sandbox."""
+        if self._hostmgr is None:
+            raise FailedPrecondition("no Mesos master is configured (server --mesos-master)")
+        return self._hostmgr.sandbox(attempt)
+
+
+def _ended(task: TaskRecord, attempt: AttemptRecord) -> bool:
+    """Whether the attempt has ended: an earlier one, or the current one in a terminal state."""
+    return attempt is not task.current or attempt.state in TASK_TERMINAL
+
+
+def gpu_indices(report: str) -> list[int] | None:
+    """The host GPU indices of a task's report (see peloton.hostmgr.launch.gpu_report), in its
+    order: "2,3" is [2, 3], an empty line none; None if it names something else."""
+    line = report.strip()
+    if not line:
+        return []
+    parts = [p.strip() for p in line.split(",")]
+    if not all(p.isascii() and p.isdigit() and int(p) < 2**32 for p in parts):
+        return None
+    return [int(p) for p in parts]
+
 
 def pick_attempt(
     task: TaskRecord, events: Sequence[EventRecord], number: int, previous: bool
 ) -> AttemptRecord:
-    """The attempt whose logs GetTaskLogs reads: attempt ``number`` (1, 2, ...), the latest one
-    before the current one that reached a host (``previous``), or else the latest one that
-    reached a host (a task waiting to restart shows the run that ended, as kubectl does)."""
+    """The attempt whose sandbox GetTaskLogs and GetTaskGpus read: attempt ``number`` (1, 2,
+    ...), the latest one before the current one that reached a host (``previous``), or else the
+    latest one that reached a host (a task waiting to restart shows the run that ended, as
+    kubectl does)."""
     launched = {e.attempt_id for e in events if e.to_state in TASK_ACTIVE}
 
     def reached_host(a: AttemptRecord) -> bool:

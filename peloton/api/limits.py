@@ -49,6 +49,7 @@ STRING_LIMITS: dict[str, int] = {
             "ListTasksRequest",
             "WatchJobRequest",
             "GetTaskLogsRequest",
+            "GetTaskGpusRequest",
         )
     },
     **{

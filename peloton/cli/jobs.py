@@ -10,15 +10,15 @@ import click
 
 from peloton.cli import output as out
 from peloton.cli.common import EXIT_USAGE, CliError, cli_error, connect, read_text_file
-from peloton.client import PelotonClient
+from peloton.client import ClientError, PelotonClient
 from peloton.core.spec import (
     check_pool_path,
     load_job_spec_yaml,
     validate_job_spec,
     with_defaults,
 )
-from peloton.core.states import JobState, TaskState
-from peloton.v1 import job_pb2
+from peloton.core.states import TASK_UNLAUNCHED, JobState, TaskState
+from peloton.v1 import host_pb2, job_pb2
 
 JOB_STATES = [s.value for s in JobState]
 TASK_STATES = [s.value for s in TaskState]
@@ -274,18 +274,39 @@ def task_list(ctx: click.Context, job_id: str, states: tuple[str, ...], fmt: str
 @out.output_option
 @click.pass_context
 def task_get(ctx: click.Context, job_id: str, instance: int, fmt: str) -> None:
-    """Show one task: its current attempt, earlier attempts and events."""
+    """Show one task: its current attempt, earlier attempts and events.
+
+    For a task that asks for GPUs, the host indices of the GPUs its current attempt sees, as the
+    task reported them into its sandbox (read from its agent), or why they are not known.
+    """
     with connect(ctx) as client:
         response = client.get_task(resolve_job_id(client, job_id), instance)
+        gpus = task_gpus(client, response.task)
     if fmt == "table":
-        out.print_task(response)
+        out.print_task(response, gpus)
         if response.events_omitted:
             # The server keeps a task's newest events that fit in one answer (README, Limits).
             n = response.events_omitted
             click.echo(f"  ({n} older event{'s' if n != 1 else ''} not shown)")
     else:
         # events_omitted is in the data (0 when every event is there).
-        out.emit_data(out.to_dict(response), fmt)
+        out.emit_data({**out.to_dict(response), "gpus": out.gpus_data(gpus)}, fmt)
+
+
+def task_gpus(client: PelotonClient, task: job_pb2.Task) -> out.TaskGpus | None:
+    """The GPUs of the task's current attempt; None if it has not reached a host. An error of the
+    server or the agent is part of the answer: the rest of the task is still worth showing."""
+    current = task.current
+    if not current.host or TaskState(out.task_state(current.state)) in TASK_UNLAUNCHED:
+        return None
+    try:
+        answer = client.get_task_gpus(task.job_id, task.instance_id, attempt=current.attempt)
+    except ClientError as exc:
+        failed = host_pb2.GetTaskGpusResponse(
+            reason=exc.details, task_id=current.attempt_id, attempt=current.attempt
+        )
+        return out.TaskGpus(failed, exc.code.name)
+    return out.TaskGpus(answer)
 
 
 # How often --follow asks for more output.

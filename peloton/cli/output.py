@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from peloton.core.containers import RUNTIME_DIR, container_launch
-from peloton.v1 import job_pb2
+from peloton.v1 import host_pb2, job_pb2
 
 
 class StateChoice(click.Choice[str]):
@@ -263,12 +264,52 @@ def event_line(event: job_pb2.JobEvent) -> str:
     return f"{when(event.time)}  {who:<10} {change:<24}{host}  {why}".rstrip()
 
 
-def print_task(response: job_pb2.GetTaskResponse) -> None:
+@dataclass(frozen=True)
+class TaskGpus:
+    """What GetTaskGpus answered for a task's current attempt; with ``error`` (the status code's
+    name) the call failed and ``answer`` holds only the attempt and, as its reason, why."""
+
+    answer: host_pb2.GetTaskGpusResponse
+    error: str = ""
+
+
+def gpus_line(gpus: TaskGpus | None) -> str | None:
+    """The GPUs line of ``task get``; None for a task that shows none (no GPUs asked for, or an
+    attempt that has not reached a host)."""
+    if gpus is None:
+        return None
+    a = gpus.answer
+    if gpus.error:
+        return f"unknown ({gpus.error}: {a.reason})"
+    if not a.requested:
+        return None
+    if not a.reported:
+        return f"not reported ({a.reason})"
+    return ",".join(map(str, a.gpu_indices)) or "none (the task sees no GPU)"
+
+
+def gpus_data(gpus: TaskGpus | None) -> dict[str, Any] | None:
+    """``task get``'s ``gpus`` data: every field of the answer, and ``error`` ("" when it was
+    answered; else the status code's name, ``reason`` the error's details and ``requested``
+    null, as it is not known). None for an attempt that has not reached a host."""
+    if gpus is None:
+        return None
+    data = to_dict(gpus.answer)
+    if gpus.error:
+        data["requested"] = None
+    data["error"] = gpus.error
+    return data
+
+
+def print_task(response: job_pb2.GetTaskResponse, gpus: TaskGpus | None = None) -> None:
     t = response.task
     click.echo(f"Task:     {t.job_id} instance {t.instance_id}")
     click.echo(f"State:    {task_state(t.state)}")
     click.echo(f"Attempt:  {t.current.attempt_id}")
     click.echo(f"Host:     {t.current.host or '-'}")
+    line = gpus_line(gpus)
+    if line is not None:
+        click.echo(f"GPUs:     {line}")
     click.echo(f"Failures: {t.failures}")
     click.echo(f"Reason:   {reason(t.current.reason, t.current.message)}")
     if t.history:

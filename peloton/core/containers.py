@@ -189,6 +189,12 @@ def check_container(task: job_pb2.TaskSpec) -> None:
     _check_volumes(c.volumes)
 
 
+def runs_in_shell(container: ContainerLaunch | None) -> bool:
+    """Whether a task's command runs through ``/bin/sh -c``: without a container, or with the
+    "shell" entrypoint ("exec" and "image" start a program with no shell in between)."""
+    return container is None or container.entrypoint == "shell"
+
+
 def needs_command(task: job_pb2.TaskSpec) -> bool:
     """Whether the task must name a command: every task but one running its image's ENTRYPOINT."""
     return not (task.HasField("container") and task.container.entrypoint == "image")

@@ -13,6 +13,8 @@ the reserved part first (it is there for this role, and what is unreserved is le
 from __future__ import annotations
 
 import copy
+import posixpath
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +25,11 @@ from peloton.core.containers import (
     RUNTIME_DIR_ENV,
     ContainerLaunch,
     Mount,
+    runs_in_shell,
 )
 from peloton.core.offers import LaunchTask, Lease
 from peloton.core.resources import Resources
+from peloton.hostmgr.sandbox import GPU_REPORT
 
 _MESOS_NAMES = (("cpu", "cpus"), ("mem_mb", "mem"), ("disk_mb", "disk"), ("gpu", "gpus"))
 # Mesos compares scalars in fixed point, three decimals.
@@ -177,18 +181,44 @@ def _command(t: LaunchTask) -> dict[str, Any]:
     """CommandInfo's command part, as Mesos runs it in an image: ``shell`` is ``/bin/sh -c``;
     ``exec`` runs the program with the arguments (argv[0] first, as execvp takes them);
     ``image`` leaves the value out, so the image's ENTRYPOINT runs with the arguments in place
-    of its CMD."""
+    of its CMD. A shell command is the task's, last and as written (its ``exec`` still replaces
+    the shell), after peloton's lines: the GPU report of a task with GPUs, the runtime's PATH."""
     c = t.container
-    if c is None:
-        return {"shell": True, "value": t.command}
-    if c.entrypoint == "exec":
-        return {"shell": False, "value": t.command, "arguments": [t.command, *c.args]}
-    if c.entrypoint == "image":
+    if c is not None and not runs_in_shell(c):
+        if c.entrypoint == "exec":
+            return {"shell": False, "value": t.command, "arguments": [t.command, *c.args]}
         return {"shell": False, "arguments": list(c.args)}
-    if c.runtime:
+    lines = []
+    if t.resources.gpu > 0:
+        # Mesos tells no framework which of its GPUs an agent gave a task: the task says.
+        lines.append(gpu_report())
+    if c is not None and c.runtime:
         # The image's PATH is the agent's to merge; the bundle's tools come after it.
-        return {"shell": True, "value": f'PATH="$PATH:{RUNTIME_DIR}/bin"; export PATH\n{t.command}'}
-    return {"shell": True, "value": t.command}
+        lines.append(f'PATH="$PATH:{RUNTIME_DIR}/bin"; export PATH')
+    return {"shell": True, "value": "\n".join([*lines, t.command])}
+
+
+def gpu_report(devices: str = "/dev/nvidia") -> str:
+    """One line of POSIX sh (dash, busybox) that writes the host indices of the GPUs the task
+    sees, comma-separated, to :data:`GPU_REPORT` in its sandbox, and never fails the task.
+
+    The indices are ``CUDA_VISIBLE_DEVICES`` where it is set (as is, its order kept), else the
+    numbers of the ``<devices>N`` device nodes the task may open, else none (an empty line).
+    Only those it may open: Mesos's gpu/nvidia isolator leaves every ``/dev/nvidiaN`` of the
+    host in view (a task without an image shares the host's /dev; an image gets them all bound
+    in) and denies the ones not allocated in the devices cgroup, where open(2) fails. ``devices``
+    is for tests. It runs in a subshell so that its variables never reach the task's command,
+    with builtins only but ``mkdir``, which an image may lack: then nothing is written, as when
+    the sandbox is read-only."""
+    nodes = shlex.quote(devices)
+    return (
+        # Assignments, unquoted: they are not split, and a quoted pattern in ${d#...} inside
+        # double quotes is read differently by different shells.
+        f'(g=${{CUDA_VISIBLE_DEVICES-}}; [ "${{CUDA_VISIBLE_DEVICES+set}}" ] || '
+        f'for d in {nodes}[0-9]*; do true <"$d" && g=$g${{g:+,}}${{d#{nodes}}}; done; '
+        f'mkdir -p "$MESOS_SANDBOX/{posixpath.dirname(GPU_REPORT)}" && '
+        f'printf \'%s\\n\' "$g" >"$MESOS_SANDBOX/{GPU_REPORT}") 2>/dev/null || :'
+    )
 
 
 def container_info(c: ContainerLaunch, runtime_image: str) -> dict[str, Any]:

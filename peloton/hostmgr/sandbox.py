@@ -14,9 +14,14 @@ import urllib.request
 
 from peloton.errors import NotFound, Unavailable
 
+# Where a task with GPUs reports the host indices of the GPUs it sees (written by the line
+# peloton puts before its command: peloton.hostmgr.launch.gpu_report), relative to its sandbox.
+GPU_REPORT = ".peloton/gpus"
+
 
 def sandbox_path(framework_id: str, executor_id: str, task_id: str, name: str) -> str:
-    """The virtual path of a task's sandbox file ``name`` (stdout or stderr)."""
+    """The virtual path of a task's sandbox file ``name``: a path relative to the sandbox
+    (``stdout``, ``stderr``, :data:`GPU_REPORT`)."""
     return f"/frameworks/{framework_id}/executors/{executor_id}/runs/latest/tasks/{task_id}/{name}"
 
 

@@ -357,3 +357,85 @@ class GetTaskLogsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetTaskLogsResponse: _TypeAlias = GetTaskLogsResponse  # noqa: Y015
+
+@_typing.final
+class GetTaskGpusRequest(_message.Message):
+    """The GPUs of its host that one attempt of a task sees. Mesos tells no framework which of its GPUs
+    an agent gave a task, so the task reports them: peloton puts a line before the command of a task
+    with GPUs that writes them into its sandbox, and this reads them from its agent as
+    GetTaskLogs reads its output. Only a command that runs through a shell reports them (a task
+    without a container, or a container with the "shell" entrypoint).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    instance_id: _builtins.int
+    attempt: _builtins.int
+    """The attempt, numbered from 1 as TaskInfo.current and history number them; 0: the latest
+    attempt that reached a host. NOT_FOUND names the attempts that exist; FAILED_PRECONDITION:
+    the attempt never reached a host.
+    """
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        instance_id: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "instance_id", b"instance_id", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTaskGpusRequest: _TypeAlias = GetTaskGpusRequest  # noqa: Y015
+
+@_typing.final
+class GetTaskGpusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPU_INDICES_FIELD_NUMBER: _builtins.int
+    REPORTED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    REQUESTED_FIELD_NUMBER: _builtins.int
+    reported: _builtins.bool
+    """Whether gpu_indices is what the task reported (always true for a task that asks for no GPUs)."""
+    reason: _builtins.str
+    """Why they are not reported ("" when they are): the task runs without a shell, its command has
+    not started yet, its sandbox is gone, or it sees its GPUs by UUID rather than by index.
+    """
+    task_id: _builtins.str
+    """The Mesos task id (attempt) the answer is of."""
+    attempt: _builtins.int
+    requested: _builtins.int
+    """How many GPUs the task's spec asks for (0: none, and its agent is not asked)."""
+    @_builtins.property
+    def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Host indices (as nvidia-smi numbers a host's GPUs), in the order the task listed them (that
+        of CUDA_VISIBLE_DEVICES where its agent set it). Empty when not reported, or when the task
+        sees no GPU.
+        """
+
+    def __init__(
+        self,
+        *,
+        gpu_indices: _abc.Iterable[_builtins.int] | None = ...,
+        reported: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        requested: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "gpu_indices", b"gpu_indices", "reason", b"reason", "reported", b"reported", "requested", b"requested", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTaskGpusResponse: _TypeAlias = GetTaskGpusResponse  # noqa: Y015

@@ -60,6 +60,11 @@ class HostServiceStub:
                 request_serializer=peloton_dot_v1_dot_host__pb2.GetTaskLogsRequest.SerializeToString,
                 response_deserializer=peloton_dot_v1_dot_host__pb2.GetTaskLogsResponse.FromString,
                 _registered_method=True)
+        self.GetTaskGpus = channel.unary_unary(
+                '/peloton.v1.HostService/GetTaskGpus',
+                request_serializer=peloton_dot_v1_dot_host__pb2.GetTaskGpusRequest.SerializeToString,
+                response_deserializer=peloton_dot_v1_dot_host__pb2.GetTaskGpusResponse.FromString,
+                _registered_method=True)
 
 
 class HostServiceServicer:
@@ -103,6 +108,16 @@ class HostServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTaskGpus(self, request, context):
+        """A task whose GPUs cannot be told is answered with reported false and a reason, not an error.
+        NOT_FOUND: no such job, instance or attempt. FAILED_PRECONDITION: the attempt never reached a
+        host, its agent is gone, or no Mesos master is configured. UNAVAILABLE: the agent cannot be
+        reached.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HostServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +145,11 @@ def add_HostServiceServicer_to_server(servicer, server):
                     servicer.GetTaskLogs,
                     request_deserializer=peloton_dot_v1_dot_host__pb2.GetTaskLogsRequest.FromString,
                     response_serializer=peloton_dot_v1_dot_host__pb2.GetTaskLogsResponse.SerializeToString,
+            ),
+            'GetTaskGpus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTaskGpus,
+                    request_deserializer=peloton_dot_v1_dot_host__pb2.GetTaskGpusRequest.FromString,
+                    response_serializer=peloton_dot_v1_dot_host__pb2.GetTaskGpusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -268,6 +288,33 @@ class HostService:
             '/peloton.v1.HostService/GetTaskLogs',
             peloton_dot_v1_dot_host__pb2.GetTaskLogsRequest.SerializeToString,
             peloton_dot_v1_dot_host__pb2.GetTaskLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTaskGpus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peloton.v1.HostService/GetTaskGpus',
+            peloton_dot_v1_dot_host__pb2.GetTaskGpusRequest.SerializeToString,
+            peloton_dot_v1_dot_host__pb2.GetTaskGpusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,12 @@ class HostServiceStub:
     is gone (DOWN, or registered again under a new agent id), or no Mesos master is configured.
     UNAVAILABLE: the agent cannot be reached.
     """
+    GetTaskGpus: _grpc.UnaryUnaryMultiCallable[_host_pb2.GetTaskGpusRequest, _host_pb2.GetTaskGpusResponse]
+    """A task whose GPUs cannot be told is answered with reported false and a reason, not an error.
+    NOT_FOUND: no such job, instance or attempt. FAILED_PRECONDITION: the attempt never reached a
+    host, its agent is gone, or no Mesos master is configured. UNAVAILABLE: the agent cannot be
+    reached.
+    """
 
 @_typing.type_check_only
 class HostServiceAsyncStub(HostServiceStub):
@@ -66,6 +72,12 @@ class HostServiceAsyncStub(HostServiceStub):
     agent (garbage-collected). FAILED_PRECONDITION: the attempt never reached a host, its agent
     is gone (DOWN, or registered again under a new agent id), or no Mesos master is configured.
     UNAVAILABLE: the agent cannot be reached.
+    """
+    GetTaskGpus: _aio.UnaryUnaryMultiCallable[_host_pb2.GetTaskGpusRequest, _host_pb2.GetTaskGpusResponse]  # type: ignore[assignment]
+    """A task whose GPUs cannot be told is answered with reported false and a reason, not an error.
+    NOT_FOUND: no such job, instance or attempt. FAILED_PRECONDITION: the attempt never reached a
+    host, its agent is gone, or no Mesos master is configured. UNAVAILABLE: the agent cannot be
+    reached.
     """
 
 class HostServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -113,6 +125,18 @@ class HostServiceServicer(metaclass=_abc_1.ABCMeta):
         agent (garbage-collected). FAILED_PRECONDITION: the attempt never reached a host, its agent
         is gone (DOWN, or registered again under a new agent id), or no Mesos master is configured.
         UNAVAILABLE: the agent cannot be reached.
+        """
+
+    @_abc_1.abstractmethod
+    def GetTaskGpus(
+        self,
+        request: _host_pb2.GetTaskGpusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_host_pb2.GetTaskGpusResponse, _abc.Awaitable[_host_pb2.GetTaskGpusResponse]]:
+        """A task whose GPUs cannot be told is answered with reported false and a reason, not an error.
+        NOT_FOUND: no such job, instance or attempt. FAILED_PRECONDITION: the attempt never reached a
+        host, its agent is gone, or no Mesos master is configured. UNAVAILABLE: the agent cannot be
+        reached.
         """
 
 def add_HostServiceServicer_to_server(servicer: HostServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
