@@ -253,6 +253,9 @@ def test_clusters_side_by_side_never_share_an_agent_address(make_minicluster: An
         for ip in ips:
             task = socket.socket()
             listening.append(task)
+            # As servers do: a connection an earlier test left in TIME_WAIT on this address and
+            # port (another suite on the machine uses the examples' ports too) does not block it.
+            task.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             task.bind((ip, 31000))  # each cluster's first task on its agent's first port
             task.listen()
     finally:
