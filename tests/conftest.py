@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 from daemon import Peloton
+from images_support import write_runtime_image, write_test_images
 from sqlalchemy.engine import make_url
 from support import FakeClock, RecordingKiller
 
@@ -145,3 +146,16 @@ def peloton(db_url: str, cluster: Minicluster, tmp_path: Path) -> Iterator[Pelot
     p = Peloton(db_url, cluster, tmp_path / "daemon")
     yield p
     p.close()
+
+
+# ---------------------------------------------------------------- task containers
+
+
+@pytest.fixture(scope="session")
+def image_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An agents' image store (``--docker-registry``): the test images of
+    :data:`images_support.IMAGES` (no Python, no peloton) and peloton's runtime bundle image."""
+    directory = tmp_path_factory.mktemp("registry")
+    write_test_images(directory, tmp_path_factory.mktemp("layers"))
+    write_runtime_image(directory)
+    return directory

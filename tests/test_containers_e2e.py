@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from daemon import Peloton, start_minicluster
-from images_support import write_runtime_image, write_test_images
 from support import make_spec
 from test_examples import task_log
 
@@ -34,20 +33,10 @@ AGENT = "cpus:8;mem:8192;disk:10000;gpus:4;ports:[31000-31100]"
 SHM_MB = 96
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The agents' image store: the test images and peloton's runtime bundle image."""
-    directory = tmp_path_factory.mktemp("registry")
-    write_test_images(directory, tmp_path_factory.mktemp("layers"))
-    write_runtime_image(directory)
-    return directory
-
-
 @pytest.fixture
-def cluster(tmp_path: Path, registry: Path) -> Iterator[Minicluster]:
-    mc = start_minicluster(
-        [AgentSpec("gpu-host", resources=AGENT)], tmp_path / "cluster", docker_registry=registry
-    )
+def cluster(tmp_path: Path, image_registry: Path) -> Iterator[Minicluster]:
+    agents = [AgentSpec("gpu-host", resources=AGENT)]
+    mc = start_minicluster(agents, tmp_path / "cluster", docker_registry=image_registry)
     yield mc
     mc.stop()
 

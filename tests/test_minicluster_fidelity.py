@@ -12,7 +12,6 @@ from pathlib import Path
 
 import mesos_fidelity as fidelity
 import pytest
-from images_support import write_test_images
 from minicluster_support import (  # noqa: F401 (fixtures)
     MiniclusterFactory,
     RawScheduler,
@@ -33,13 +32,6 @@ RESERVED = [
     AgentSpec(fidelity.RESERVED_HOSTNAME, fidelity.RESERVED_AGENT, ""),
     AgentSpec("node-p", fidelity.PLAIN_AGENT, ""),
 ]
-
-
-@pytest.fixture(scope="module", name="registry")
-def fixture_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The agents' image store: the test images (images_support.IMAGES), written once."""
-    root = tmp_path_factory.mktemp("images")
-    return write_test_images(root / "registry", root / "scratch")
 
 
 @pytest.mark.parametrize("partition_aware", [True, False])
@@ -95,9 +87,9 @@ def test_bad_executors_and_agents_are_refused(make_minicluster: MiniclusterFacto
 # Containers need mount namespaces and overlayfs (as a Mesos agent, root); CI runs as root.
 @pytest.mark.skipif(os.geteuid() != 0, reason="task containers need root")
 def test_containers_of_a_task_group_run(
-    make_minicluster: MiniclusterFactory, registry: Path, tmp_path: Path
+    make_minicluster: MiniclusterFactory, image_registry: Path, tmp_path: Path
 ) -> None:
-    mc = make_minicluster(agents=1, docker_registry=registry)
+    mc = make_minicluster(agents=1, docker_registry=image_registry)
     host_dir = tmp_path / "volume"
     host_dir.mkdir()
     fidelity.check_containers_of_a_task_group_run(mc.address, "base:1", "data:1", str(host_dir))

@@ -11,11 +11,10 @@ import re
 from pathlib import Path
 
 import pytest
-from daemon import ROOT, free_port, wait_for
-from test_examples import agents
-from test_readme_using import MASTER_PORT, Shell, job_named
+from daemon import ROOT, free_port
+from test_readme_using import MASTER_PORT, Shell, job_named, jobs_summary, wait_for_hosts
 
-from peloton.client import ClientError, PelotonClient
+from peloton.client import PelotonClient
 from peloton.v1 import job_pb2
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="task containers need root")
@@ -49,26 +48,14 @@ def test_task_containers_run_as_written(tmp_path: Path) -> None:
     shell = Shell(ROOT, env)
 
     def jobs() -> str:
-        try:
-            return "; ".join(
-                f"{j.spec.name} {job_pb2.JobState.Name(j.state)} {j.reason} {j.message}"
-                for j in client.iter_jobs()
-            )
-        except ClientError as exc:
-            return f"the daemon does not answer: {exc}"
+        return jobs_summary(client)
 
     try:
         out = shell.run(start.replace(MASTER_PORT, master), jobs)
         assert "build/images/example:1.tar" in out, out
 
         # "Once `peloton host list` shows the five hosts"
-        def hosts_known() -> bool:
-            try:
-                return len(client.list_hosts()) == len(agents())
-            except ClientError:
-                return False  # not serving yet
-
-        wait_for(hosts_known, 30, "the daemon to know the five hosts", 0.1, jobs)
+        wait_for_hosts(client, jobs)
         out = shell.run(job, jobs)
         ran = job_named(client, "container-allreduce")
         assert ran.state == job_pb2.JOB_STATE_SUCCEEDED, jobs()

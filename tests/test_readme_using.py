@@ -152,6 +152,29 @@ def shell_env(tmp_path: Path) -> tuple[Path, dict[str, str], int]:
     return clone, env, grpc
 
 
+def jobs_summary(client: PelotonClient) -> str:
+    """Every job's name, state and reason: what a block that timed out shows."""
+    try:
+        return "; ".join(
+            f"{j.spec.name} {job_pb2.JobState.Name(j.state)} {j.reason} {j.message}"
+            for j in client.iter_jobs()
+        )
+    except ClientError as exc:
+        return f"the daemon does not answer: {exc}"
+
+
+def wait_for_hosts(client: PelotonClient, state: Callable[[], object]) -> None:
+    """Until the daemon knows every host of the examples' cluster (``state`` on timeout)."""
+
+    def known() -> bool:
+        try:
+            return len(client.list_hosts()) == len(agents())
+        except ClientError:
+            return False  # not serving yet
+
+    wait_for(known, 30, "the daemon to know the five hosts", 0.1, state)
+
+
 def job_named(client: PelotonClient, name: str) -> job_pb2.Job:
     (job,) = [j for j in client.iter_jobs() if j.spec.name == name]
     return job
@@ -169,13 +192,7 @@ def test_using_it_runs_as_written(shell_env: tuple[Path, dict[str, str], int]) -
     shell = Shell(clone, env)
 
     def jobs() -> str:
-        try:
-            return "; ".join(
-                f"{j.spec.name} {job_pb2.JobState.Name(j.state)} {j.reason} {j.message}"
-                for j in client.iter_jobs()
-            )
-        except ClientError as exc:
-            return f"the daemon does not answer: {exc}"
+        return jobs_summary(client)
 
     try:
         shell.run(texts["activate"], jobs)
@@ -184,13 +201,7 @@ def test_using_it_runs_as_written(shell_env: tuple[Path, dict[str, str], int]) -
         assert f"sqlite:///{db}: upgraded from empty to " in out, out
 
         # "Once `peloton host list` shows the five hosts"
-        def hosts_known() -> bool:
-            try:
-                return len(client.list_hosts()) == len(agents())
-            except ClientError:
-                return False  # not serving yet
-
-        wait_for(hosts_known, 30, "the daemon to know the five hosts", 0.1, jobs)
+        wait_for_hosts(client, jobs)
 
         out = shell.run(texts["job"], jobs)
         job = job_named(client, "logreg-4gpu")

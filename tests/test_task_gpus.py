@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 from daemon import Peloton, run_peloton, start_minicluster
-from images_support import write_test_images
 from support import make_spec
 from test_examples import task_log, wait_for_log
 from test_hostmgr_offers import raw_offer
@@ -187,18 +186,10 @@ def test_only_a_shell_command_of_a_task_with_gpus_reports_them() -> None:
 # ---------------------------------------------------------------------------- end to end
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The agent's image store (for the container tests)."""
-    directory = tmp_path_factory.mktemp("registry")
-    return write_test_images(directory, tmp_path_factory.mktemp("layers"))
-
-
 @pytest.fixture
-def cluster(tmp_path: Path, registry: Path) -> Iterator[Minicluster]:
-    mc = start_minicluster(
-        [AgentSpec("gpu-host", resources=AGENT)], tmp_path / "cluster", docker_registry=registry
-    )
+def cluster(tmp_path: Path, image_registry: Path) -> Iterator[Minicluster]:
+    agents = [AgentSpec("gpu-host", resources=AGENT)]
+    mc = start_minicluster(agents, tmp_path / "cluster", docker_registry=image_registry)
     yield mc
     mc.stop()
 
