@@ -99,18 +99,24 @@ def write_test_images(registry: Path, scratch: Path) -> Path:
     return registry
 
 
-def build_bundle() -> Path:
-    """The collective runtime bundle, built (incrementally) by the project's own build, as
-    ``make bundle`` does; its directory."""
+def setup_build(command: str, build_dir: Path) -> None:
+    """Run one of setup.py's C++ build commands (incremental), as ``make`` does; the build's
+    output shown if it fails or warns."""
     build = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_bundle", f"--build-dir={BUNDLE}"],
+        [sys.executable, "setup.py", "-q", command, f"--build-dir={build_dir}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=280,
     )
-    assert build.returncode == 0, f"the bundle did not build:\n{build.stdout}\n{build.stderr}"
+    assert build.returncode == 0, f"{command} failed:\n{build.stdout}\n{build.stderr}"
     assert "warning:" not in build.stderr, build.stderr
+
+
+def build_bundle() -> Path:
+    """The collective runtime bundle, built by the project's own build (``make bundle``); its
+    directory."""
+    setup_build("build_bundle", BUNDLE)
     return runtime_bundle.locate(BUNDLE)
 
 

@@ -9,22 +9,14 @@ flags plus -Werror); this test builds them, runs them, and fails on any failure 
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from images_support import ROOT, setup_build
+
 BUILD = ROOT / "build" / "cpp-tests"
 
 
 def test_collective_cpp_unit_tests() -> None:
-    build = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_cpp_tests", f"--build-dir={BUILD}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert build.returncode == 0, f"C++ tests did not build:\n{build.stdout}\n{build.stderr}"
+    setup_build("build_cpp_tests", BUILD)
     run = subprocess.run(
         [str(BUILD / "collective_tests"), "--no-colors=true"],
         cwd=ROOT,
