@@ -75,8 +75,11 @@ class Recorder(Scheduler):  # type: ignore[misc]
             driver.declineOffer(others, {"refuse_seconds": 60})
 
     def statusUpdate(self, driver: Any, status: dict[str, Any]) -> None:
-        self._log("status", status)
+        # Acknowledged before it is recorded: once a test sees an update, its ACK has been
+        # answered, so the test may drop the connection (an ACK sent after the drop would be
+        # refused, 403 "Framework is not subscribed", as by a real master, and raise in pymesos).
         driver.acknowledgeStatusUpdate(status)
+        self._log("status", status)
 
 
 def test_pymesos_driver_runs_a_task_group_and_survives_a_dropped_connection(
