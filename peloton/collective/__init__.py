@@ -22,10 +22,12 @@ the caller that passes a tensor.
 from __future__ import annotations
 
 import atexit
+import ctypes
+import enum
 import itertools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -36,24 +38,42 @@ from peloton.collective._core import CollectiveError
 from peloton.core.gangenv import DEFAULT_TIMEOUT, GangEnv, GangEnvError
 
 __all__ = [
+    "Adasum",
+    "Average",
     "CollectiveError",
     "Handle",
+    "Max",
+    "Min",
+    "Product",
+    "ReduceOp",
+    "Sum",
     "allgather",
     "allreduce",
     "allreduce_",
     "allreduce_async",
+    "allreduce_async_",
     "barrier",
     "broadcast",
     "broadcast_",
+    "ccl_built",
     "cross_rank",
     "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "gloo_built",
+    "gloo_enabled",
     "init",
     "is_initialized",
     "local_rank",
     "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
     "poll",
     "rank",
     "reduce_scatter",
+    "rocm_built",
     "shutdown",
     "size",
     "synchronize",
@@ -65,6 +85,29 @@ T = TypeVar("T")
 # Wire codes shared with csrc/common.h.
 _KIND = {"allreduce": 0, "allgather": 1, "broadcast": 2, "reduce_scatter": 3, "barrier": 4}
 _OPS = {"sum": 0, "average": 1, "min": 2, "max": 3, "product": 4}
+
+
+class ReduceOp(enum.StrEnum):
+    """The reductions under Horovod's names; each equals its string, so ``op="sum"`` still works."""
+
+    AVERAGE = "average"
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+    PRODUCT = "product"
+    ADASUM = "adasum"  # named so Horovod scripts import; refused with the alternative
+
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM
+ADASUM_REFUSED = (
+    "op: Adasum is not implemented by peloton's runtime; use op=Average (the default) and scale "
+    "the learning rate by size(), as with Horovod's Average"
+)
 _NUMPY_DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5}
 _TORCH_DTYPES = {
     "torch.float32": 0,
@@ -261,6 +304,8 @@ def _name(kind: str, name: str | None) -> str:
 
 
 def _op(op: str) -> int:
+    if op == Adasum:
+        raise ValueError(ADASUM_REFUSED)
     code = _OPS.get(op)
     if code is None:
         raise ValueError(f"op: unknown reduction {op!r}; use one of {', '.join(_OPS)}")
@@ -287,6 +332,20 @@ class Handle:
         handle._result, handle._done = result, True
         return handle
 
+    @classmethod
+    def all(cls, parts: Sequence[Handle]) -> Handle:
+        """One handle for several operations; its result is the list of their results."""
+        return _Group(parts)
+
+    def then(self, fn: Callable[[Any], Any]) -> Handle:
+        """Makes the result ``fn(result)`` (applied once, when it is ready); returns self."""
+        if self._done:
+            self._result = fn(self._result)
+        else:
+            finish = self._finish
+            self._finish = lambda out: fn(finish(out))
+        return self
+
     def poll(self) -> bool:
         """True once the operation completed (successfully or not)."""
         return self._done or (self._rt is not None and bool(self._rt.poll(self._id)))
@@ -300,6 +359,33 @@ class Handle:
             finally:
                 self._done = True
                 self._keep = None
+        return self._result
+
+
+class _Group(Handle):
+    """Several handles waited for as one (see :meth:`Handle.all`)."""
+
+    def __init__(self, parts: Sequence[Handle]):
+        super().__init__(None, 0, lambda results: results, None)
+        self._parts = list(parts)
+
+    def poll(self) -> bool:
+        return self._done or all(p.poll() for p in self._parts)
+
+    def wait(self) -> Any:
+        if not self._done:
+            results: list[Any] = []
+            failure: BaseException | None = None
+            # Every part is waited for, even after one fails: a name stays taken until then.
+            for part in self._parts:
+                try:
+                    results.append(part.wait())
+                except CollectiveError as exc:
+                    failure = failure or exc
+            self._done = True
+            if failure is not None:
+                raise failure
+            self._result = self._finish(results)
         return self._result
 
 
@@ -337,7 +423,8 @@ def allreduce_async(x: T, op: str = "average", name: str | None = None) -> Handl
     return _submit("allreduce", _name("allreduce", name), src, out, _op(op), 0, lambda _: result)
 
 
-def _allreduce_inplace_async(x: T, op: str, name: str | None) -> Handle:
+def allreduce_async_(x: T, op: str = "average", name: str | None = None) -> Handle:
+    """Starts an allreduce whose result is written into x; synchronize(handle) returns x."""
     if _is_cuda(x):
         return Handle.completed(_cuda_allreduce(x, op, _name("allreduce", name), inplace=True))
     src = _buffer(x, "allreduce_")
@@ -367,7 +454,7 @@ def allreduce(x: T, op: str = "average", name: str | None = None) -> T:
 
 def allreduce_(x: T, op: str = "average", name: str | None = None) -> T:
     """Like allreduce, but writes the result into x and returns x."""
-    result: T = _allreduce_inplace_async(x, op, name).wait()
+    result: T = allreduce_async_(x, op, name).wait()
     return result
 
 
@@ -482,14 +569,20 @@ def _preload_nccl() -> None:
             return
 
 
+def _nccl_loads() -> tuple[bool, str]:
+    """Whether libnccl.so.2 (and libcudart) load, else the loader's reason."""
+    ok, why = _core.nccl_available()
+    if not ok:
+        _preload_nccl()
+        ok, why = _core.nccl_available()
+    return bool(ok), str(why)
+
+
 def _nccl_comm(device: int) -> _core.NcclComm:
     """The gang's NCCL communicator, made on first use: rank 0's unique id rides our TCP ring."""
     global _nccl
     if _nccl is None:
-        ok, why = _core.nccl_available()
-        if not ok:
-            _preload_nccl()
-            ok, why = _core.nccl_available()
+        ok, why = _nccl_loads()
         if not ok:
             raise CollectiveError(f"CUDA tensors need NCCL: {why}")
         uid = np.zeros(16, dtype=np.int64)  # 128 bytes, NCCL_UNIQUE_ID_BYTES
@@ -547,3 +640,65 @@ def _cuda_allgather(x: Any, name: str) -> Any:
     comm, code, stream = _cuda_args(t)
     comm.allgather(name, padded.data_ptr(), out.data_ptr(), padded.numel(), code, stream)
     return torch.cat([out[i * most : i * most + n] for i, n in enumerate(rows)])
+
+
+# ---------------------------------------------------------------- Horovod's build queries
+#
+# Horovod scripts ask what its library was compiled with. peloton's runtime is one build that
+# loads NCCL at run time, so "built" here means "usable in this process"; its own TCP and
+# shared-memory transports are not Gloo, MPI, DDL or oneCCL, so those answer False.
+
+
+def nccl_built() -> int:
+    """NCCL's version code (e.g. 22105) if CUDA tensors can go through NCCL here, else 0."""
+    if not _nccl_loads()[0]:
+        return 0
+    version = ctypes.c_int(0)
+    # Loaded already (by soname), so this dlopen finds that copy.
+    ctypes.CDLL("libnccl.so.2").ncclGetVersion(ctypes.byref(version))
+    return int(version.value)
+
+
+def cuda_built() -> bool:
+    """True if CUDA tensors can be reduced here (through NCCL, see :func:`nccl_built`)."""
+    return nccl_built() != 0
+
+
+def rocm_built() -> bool:
+    """False: peloton has no ROCm (RCCL) path."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: peloton's TCP and shared-memory transports are its own, not Gloo."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False: Gloo is never in use (see :func:`gloo_built`)."""
+    return False
+
+
+def mpi_built() -> bool:
+    """False: peloton does not use MPI (ranks find each other from PELOTON_PEERS)."""
+    return False
+
+
+def mpi_enabled() -> bool:
+    """False: MPI is never in use (see :func:`mpi_built`)."""
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    """Raises ValueError, as Horovod does when MPI is not enabled (it never is here)."""
+    raise ValueError("peloton does not use MPI, so there are no MPI threads to ask about")
+
+
+def ddl_built() -> bool:
+    """False: peloton has no IBM DDL path."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False: peloton has no oneCCL path."""
+    return False

@@ -15,9 +15,12 @@ A single-process training script becomes a data-parallel one with a few lines::
         loss_fn(model(batch)).backward()            # gradients are allreduced as they appear
         optimizer.step()                            # waits for the allreduces, then steps
 
-The rest of :mod:`peloton.collective` (``allreduce``, ``broadcast``, ``rank``, ...) is re-exported
-here, so one import is enough. This module needs torch; :mod:`peloton.collective` itself never
-imports it.
+The rest of :mod:`peloton.collective` (``allgather``, ``broadcast``, ``rank``, ...) is re-exported
+here, so one import is enough; ``allreduce`` and its variants take Horovod's keywords
+(``compression=``, ``prescale_factor=``, ``postscale_factor=``, grouped forms), the reductions
+have Horovod's names (``Average``, ``Sum``, ...), and Horovod's ``SyncBatchNorm`` and build
+queries are here, so :mod:`peloton.horovod.torch` is this module under Horovod's package name.
+This module needs torch; :mod:`peloton.collective` itself never imports it.
 """
 
 from __future__ import annotations
@@ -31,49 +34,92 @@ import torch
 
 import peloton.collective as pc
 from peloton.collective import (
+    Adasum,
+    Average,
     CollectiveError,
+    Handle,
+    Max,
+    Min,
+    Product,
+    ReduceOp,
+    Sum,
     allgather,
-    allreduce,
-    allreduce_,
-    allreduce_async,
     barrier,
     broadcast,
     broadcast_,
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
     init,
     is_initialized,
     local_rank,
     local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
     poll,
     rank,
     reduce_scatter,
+    rocm_built,
     shutdown,
     size,
     synchronize,
 )
+from peloton.collective.compression import Compression, Compressor
+from peloton.collective.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
+    "Adasum",
+    "Average",
     "CollectiveError",
+    "Compression",
+    "Compressor",
     "DistributedOptimizer",
+    "Handle",
+    "Max",
+    "Min",
+    "Product",
+    "ReduceOp",
+    "Sum",
+    "SyncBatchNorm",
     "allgather",
     "allreduce",
     "allreduce_",
     "allreduce_async",
+    "allreduce_async_",
     "barrier",
     "broadcast",
     "broadcast_",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "ccl_built",
     "cross_rank",
     "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "gloo_built",
+    "gloo_enabled",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
     "init",
     "is_initialized",
     "local_rank",
     "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
     "poll",
     "rank",
     "reduce_scatter",
+    "rocm_built",
     "shutdown",
     "size",
     "synchronize",
@@ -88,6 +134,191 @@ _WIRE_DTYPES = frozenset(
 _PACK_BYTES = 64 << 20
 
 
+# ---------------------------------------------------------------- allreduce, Horovod's options
+
+
+def _allreduce_async(
+    tensor: torch.Tensor,
+    op: str,
+    name: str | None,
+    compression: type[Compressor],
+    prescale_factor: float,
+    postscale_factor: float,
+    inplace: bool,
+) -> Handle:
+    """The one allreduce path: scale, compress, reduce, decompress, scale, (write back)."""
+    # Not differentiable: no graph is built through the staging copies (parameters included).
+    with torch.no_grad():
+        staged = tensor if prescale_factor == 1.0 else tensor * prescale_factor
+        wire, ctx = compression.compress(staged)
+    if inplace and wire is tensor:
+        handle = pc.allreduce_async_(tensor, op=op, name=name)
+    else:
+        handle = pc.allreduce_async(wire, op=op, name=name)
+
+    @torch.no_grad()
+    def finish(reduced: torch.Tensor) -> torch.Tensor:
+        # Decompress first, so the post-scaling happens in the caller's (wider) dtype.
+        out = compression.decompress(reduced, ctx)
+        if postscale_factor != 1.0:
+            out.mul_(postscale_factor)  # the fresh result, or `tensor` itself when reduced in place
+        if inplace and out is not tensor:
+            tensor.copy_(out)
+            return tensor
+        return out
+
+    return handle.then(finish)
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    op: str = Average,
+    name: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Starts an allreduce into a new tensor; ``synchronize(handle)`` returns it.
+
+    ``prescale_factor`` multiplies each rank's tensor before the reduction, ``postscale_factor``
+    the result (Horovod's keywords; ``op=Average`` divides by ``size()`` in between).
+    """
+    return _allreduce_async(
+        tensor, op, name, Compression.none, prescale_factor, postscale_factor, inplace=False
+    )
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    op: str = Average,
+    name: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Like :func:`allreduce_async`, writing the result into ``tensor``."""
+    return _allreduce_async(
+        tensor, op, name, Compression.none, prescale_factor, postscale_factor, inplace=True
+    )
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    op: str = Average,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """Reduces ``tensor`` across ranks into a new tensor of its dtype.
+
+    ``compression=Compression.fp16`` sends floating-point tensors as float16 (half the bytes of
+    float32); the result is cast back.
+    """
+    handle = _allreduce_async(
+        tensor, op, name, compression, prescale_factor, postscale_factor, inplace=False
+    )
+    result: torch.Tensor = handle.wait()
+    return result
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    op: str = Average,
+    name: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """Like :func:`allreduce`, writing the result into ``tensor`` and returning it."""
+    result: torch.Tensor = allreduce_async_(
+        tensor, op, name, prescale_factor, postscale_factor
+    ).wait()
+    return result
+
+
+def _grouped_async(
+    tensors: Sequence[torch.Tensor],
+    op: str,
+    name: str | None,
+    compression: type[Compressor],
+    prescale_factor: float,
+    postscale_factor: float,
+    inplace: bool,
+) -> Handle:
+    # Submitted back to back, the runtime fuses them into as few ring passes as fit the buffer.
+    return Handle.all(
+        [
+            _allreduce_async(
+                t,
+                op,
+                None if name is None else f"{name}.{i}",
+                compression,
+                prescale_factor,
+                postscale_factor,
+                inplace,
+            )
+            for i, t in enumerate(tensors)
+        ]
+    )
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    op: str = Average,
+    name: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Starts allreduces of a list of tensors (named ``name.0``, ``name.1``, ...) as one
+    operation; ``synchronize(handle)`` returns the list of new tensors."""
+    return _grouped_async(
+        tensors, op, name, Compression.none, prescale_factor, postscale_factor, inplace=False
+    )
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    op: str = Average,
+    name: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Like :func:`grouped_allreduce_async`, writing each result into its tensor."""
+    return _grouped_async(
+        tensors, op, name, Compression.none, prescale_factor, postscale_factor, inplace=True
+    )
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    op: str = Average,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    """Allreduces a list of tensors as one operation; the list of new tensors."""
+    handle = _grouped_async(
+        tensors, op, name, compression, prescale_factor, postscale_factor, inplace=False
+    )
+    result: list[torch.Tensor] = handle.wait()
+    return result
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    op: str = Average,
+    name: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    """Like :func:`grouped_allreduce`, writing each result into its tensor."""
+    handle = grouped_allreduce_async_(tensors, op, name, prescale_factor, postscale_factor)
+    result: list[torch.Tensor] = handle.wait()
+    return result
+
+
+# ---------------------------------------------------------------- the optimizer
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """Makes ``optimizer`` allreduce gradients across the ranks before each step.
 
@@ -98,12 +329,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     ``named_parameters`` (e.g. ``model.named_parameters()``) names the gradients, the names by
     which the ranks match tensors up; without it the parameters are named by their position in
-    the optimizer's groups, which must then be built identically on every rank. ``op`` is
-    ``"average"`` (default) or ``"sum"``. With ``backward_passes_per_step=k`` gradients are
-    accumulated locally over ``k`` backward passes and allreduced once, on the k-th.
+    the optimizer's groups, which must then be built identically on every rank. ``compression``
+    (``Compression.fp16``) is how gradients travel. ``op`` is ``Average`` (default) or ``Sum``.
+    With ``backward_passes_per_step=k`` gradients are accumulated locally over ``k`` backward
+    passes and allreduced once, on the k-th. ``gradient_predivide_factor=f`` (with ``Average``)
+    divides gradients by ``f`` before the sum and by ``size()/f`` after, so float16 sums of many
+    ranks stay in range. The arguments are Horovod's, in its order.
     """
 
     _pc_op: str
+    _pc_compression: type[Compressor]
+    _pc_predivide: float
     _pc_passes_per_step: int
     _pc_names: dict[torch.Tensor, str]
     _pc_handles: dict[torch.Tensor, Any]
@@ -115,16 +351,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
         cls,
         optimizer: torch.optim.Optimizer,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-        op: str = "average",
+        compression: type[Compressor] = Compression.none,
         backward_passes_per_step: int = 1,
+        op: str = Average,
+        gradient_predivide_factor: float = 1.0,
     ) -> DistributedOptimizer:
         # Everything is checked before the optimizer is touched: a refusal leaves it as it was.
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("optimizer: is already a DistributedOptimizer")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer)}")
+        if op == Adasum:
+            raise ValueError(pc.ADASUM_REFUSED)
         if op not in GRADIENT_OPS:
             raise ValueError(f"op: must be one of {', '.join(GRADIENT_OPS)} (got {op!r})")
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError(
+                f"gradient_predivide_factor: only with op=Average (got op={str(op)!r})"
+            )
+        if not gradient_predivide_factor > 0:
+            raise ValueError(
+                f"gradient_predivide_factor: must be positive (got {gradient_predivide_factor})"
+            )
         if backward_passes_per_step < 1:
             raise ValueError(
                 f"backward_passes_per_step: must be at least 1 (got {backward_passes_per_step})"
@@ -134,6 +382,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         optimizer.__class__ = type(f"Distributed{base.__name__}", (cls, base), {})
         self = cast(DistributedOptimizer, optimizer)
         self._pc_op = op
+        self._pc_compression = compression
+        self._pc_predivide = gradient_predivide_factor
         self._pc_passes_per_step = backward_passes_per_step
         self._pc_names = names
         self._pc_handles = {}
@@ -149,8 +399,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self,
         optimizer: torch.optim.Optimizer,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-        op: str = "average",
+        compression: type[Compressor] = Compression.none,
         backward_passes_per_step: int = 1,
+        op: str = Average,
+        gradient_predivide_factor: float = 1.0,
     ) -> None:
         # Nothing to do: `self` is `optimizer`, initialized by its own class and by __new__.
         pass
@@ -175,8 +427,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
             grad = param.grad = torch.zeros_like(param)
         if grad.is_sparse:
             raise CollectiveError(f"gradient {self._pc_names[param]!r}: sparse is not supported")
-        self._pc_handles[param] = pc.allreduce_async(
-            grad, op=self._pc_op, name=self._pc_names[param]
+        # Average divides by size() in the runtime: f before the sum and size()/f in all.
+        predivide = self._pc_predivide
+        self._pc_handles[param] = _allreduce_async(
+            grad,
+            self._pc_op,
+            self._pc_names[param],
+            self._pc_compression,
+            prescale_factor=1.0 / predivide,
+            postscale_factor=predivide,
+            inplace=False,
         )
 
     def synchronize(self) -> None:
