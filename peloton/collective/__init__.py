@@ -138,10 +138,12 @@ def init(
     local_size: int | None = None,
     timeout: float | None = None,
     fusion_threshold: int | None = None,
+    generation: int | None = None,
 ) -> None:
     """Connects this rank to its gang; every argument left None comes from PELOTON_* variables.
 
     Blocks until every rank has connected (or raises after the timeout naming the missing ranks).
+    A peer of another ``generation`` is refused at once with an error naming both.
     """
     global _runtime, _topology, _timeout
     with _lock:
@@ -159,6 +161,7 @@ def init(
                 local_size=local_size,
                 timeout=timeout,
                 fusion_threshold=fusion_threshold,
+                generation=generation,
             )
         except GangEnvError as exc:
             raise CollectiveError(str(exc)) from None
@@ -175,6 +178,7 @@ def init(
             local_size=topo.local_size,
             cross_rank=topo.cross_rank,
             cross_size=topo.cross_size,
+            generation=topo.generation,
         )
         _topology = topo
         _timeout = topo.timeout

@@ -23,6 +23,7 @@ class Runtime:
         local_size: int = 1,
         cross_rank: int = -1,
         cross_size: int = -1,
+        generation: int = 0,
     ) -> None: ...
     def enqueue(
         self,

@@ -10,6 +10,13 @@ Every line a rank prints is prefixed with ``[rank]``. If a rank exits non-zero t
 stopped (SIGTERM, then SIGKILL after ``--kill-grace`` seconds) and peloton-run exits with that
 rank's code; SIGINT and SIGTERM are forwarded to every rank. Each rank runs in its own process
 group, which is killed as a whole, so nothing is left running.
+
+``peloton-run --elastic --min 2 --max 4 -np 3 python train.py`` runs an elastic gang
+(:mod:`peloton.collective.elastic`): peloton-run serves the gang's rendezvous endpoint
+(:mod:`peloton.collective.rendezvous`) and gives every rank its address and token
+(``PELOTON_RENDEZVOUS``, ``PELOTON_RENDEZVOUS_TOKEN``). A rank that dies is dropped from the gang
+and the others go on under a new generation; peloton-run exits 0 if any rank finished with 0,
+else with the first failed rank's code.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import secrets
 import shlex
 import signal
 import socket
@@ -31,7 +39,15 @@ from typing import IO
 
 import click
 
-from peloton.core.gangenv import TOPOLOGY_VARS, GangEnv, Rank, topology
+from peloton.collective.rendezvous import RendezvousServer
+from peloton.core.gangenv import (
+    RENDEZVOUS,
+    RENDEZVOUS_TOKEN,
+    TOPOLOGY_VARS,
+    GangEnv,
+    Rank,
+    topology,
+)
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1"})
 DEFAULT_SSH = "ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new"
@@ -244,8 +260,13 @@ class _Rank:
 class RankSupervisor:
     """Starts the ranks, watches them, and stops them all when one fails or on a signal."""
 
-    def __init__(self, kill_grace: float, err: Callable[[str], None]) -> None:
+    def __init__(
+        self, kill_grace: float, err: Callable[[str], None], elastic: bool = False
+    ) -> None:
         self.kill_grace = kill_grace
+        # Elastic: a failed rank is dropped (the gang goes on), not a reason to stop the rest.
+        self.elastic = elastic
+        self._succeeded = False
         self._err = err
         self._ranks: list[_Rank] = []
         self._events: queue.SimpleQueue[tuple[str, int, int]] = queue.SimpleQueue()
@@ -310,6 +331,14 @@ class RankSupervisor:
                 rank, rc = a, b
                 self._ranks[rank].exited = True
                 left -= 1
+                if self.elastic:
+                    self._succeeded = self._succeeded or rc == 0
+                    if rc != 0:
+                        code = code or (rc if rc > 0 else 128 - rc)
+                        self._err(f"rank {rank} {_describe_exit(rc)}; the gang goes on without it")
+                    if not left and self._succeeded:
+                        code = 0
+                    continue
                 if rc != 0 and deadline is None:
                     code = rc if rc > 0 else 128 - rc
                     self._err(f"rank {rank} {_describe_exit(rc)}; stopping the other ranks")
@@ -354,17 +383,43 @@ def launch(
     env_names: Sequence[str] = (),
     ssh: Sequence[str] = tuple(shlex.split(DEFAULT_SSH)),
     kill_grace: float = 5.0,
+    elastic: tuple[int, int] | None = None,
 ) -> int:
-    """Run ``command`` as ``size`` ranks over ``hosts``; the exit code (see the module doc)."""
+    """Run ``command`` as ``size`` ranks over ``hosts``; the exit code (see the module doc).
+    ``elastic`` is (min, max): serve a rendezvous endpoint and let the gang shrink and grow."""
     seats = assign_ranks(hosts, size)
     peers = peer_addresses(seats, ssh)
     extra = _extra_env(env_names)
-    ranks = RankSupervisor(kill_grace, _print_err)
+    with contextlib.ExitStack() as stack:
+        if elastic is not None:
+            here = "127.0.0.1" if all(is_local(p.host) for p in seats) else socket.getfqdn()
+            token = secrets.token_hex(16)
+            server = RendezvousServer(token, elastic[0], elastic[1], size, host=here)
+            stack.callback(server.close)
+            extra |= {RENDEZVOUS: server.address, RENDEZVOUS_TOKEN: token}
+        return _run_ranks(
+            command, seats, size, peers, timeout, fusion_threshold, extra, ssh, kill_grace, elastic
+        )
+
+
+def _run_ranks(
+    command: Sequence[str],
+    seats: Sequence[RankSeat],
+    size: int,
+    peers: Sequence[str],
+    timeout: float | None,
+    fusion_threshold: int | None,
+    extra: Mapping[str, str],
+    ssh: Sequence[str],
+    kill_grace: float,
+    elastic: tuple[int, int] | None,
+) -> int:
+    ranks = RankSupervisor(kill_grace, _print_err, elastic=elastic is not None)
     old = {s: signal.signal(s, ranks.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
             for p in seats:
-                env = rank_env(p, size, peers, timeout, fusion_threshold) | extra
+                env = {**rank_env(p, size, peers, timeout, fusion_threshold), **extra}
                 if is_local(p.host):
                     full = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
                     ranks.start(p, command, full, remote=False)
@@ -437,6 +492,13 @@ def _print_err(message: str) -> None:
     metavar="NAME[=VALUE]",
     help="Pass this variable to remote ranks too (local ranks get the whole environment).",
 )
+@click.option(
+    "--elastic",
+    is_flag=True,
+    help="An elastic gang: serve a rendezvous endpoint; ranks may die and the gang goes on.",
+)
+@click.option("--min", "min_size", type=int, default=None, help="Elastic: fewest ranks (-np).")
+@click.option("--max", "max_size", type=int, default=None, help="Elastic: most ranks (-np).")
 @click.option("--ssh", default=DEFAULT_SSH, show_default=True, help="Command to reach hosts.")
 @click.option(
     "--kill-grace",
@@ -452,6 +514,9 @@ def cli(
     timeout: float | None,
     fusion_threshold: int | None,
     env_names: tuple[str, ...],
+    elastic: bool,
+    min_size: int | None,
+    max_size: int | None,
     ssh: str,
     kill_grace: float,
     command: tuple[str, ...],
@@ -462,7 +527,15 @@ def cli(
     Examples:
       peloton-run -np 2 python examples/train_torch.py
       peloton-run -np 4 -H node1:2,node2:2 --timeout 60 python train.py
+      peloton-run --elastic --min 2 --max 4 -np 3 python train_elastic.py
     """
+    bounds = None
+    if elastic:
+        bounds = (size if min_size is None else min_size, size if max_size is None else max_size)
+        if not 1 <= bounds[0] <= bounds[1]:
+            raise RunError(f"--min {bounds[0]} --max {bounds[1]}: need 1 <= min <= max")
+    elif min_size is not None or max_size is not None:
+        raise RunError("--min/--max: only with --elastic")
     if timeout is not None and timeout <= 0:
         raise RunError(f"--timeout: must be positive (got {timeout:g})")
     if fusion_threshold is not None and fusion_threshold < 0:
@@ -474,7 +547,15 @@ def cli(
     if not ssh_argv:
         raise RunError("--ssh: empty command")
     code = launch(
-        command, host_list, size, timeout, fusion_threshold, env_names, ssh_argv, kill_grace
+        command,
+        host_list,
+        size,
+        timeout,
+        fusion_threshold,
+        env_names,
+        ssh_argv,
+        kill_grace,
+        bounds,
     )
     sys.exit(code)
 

@@ -26,6 +26,7 @@ This module needs torch; :mod:`peloton.collective` itself never imports it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -71,6 +72,7 @@ from peloton.collective import (
     synchronize,
 )
 from peloton.collective.compression import Compression, Compressor
+from peloton.collective.elastic import State
 from peloton.collective.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
@@ -87,6 +89,7 @@ __all__ = [
     "ReduceOp",
     "Sum",
     "SyncBatchNorm",
+    "TorchState",
     "allgather",
     "allreduce",
     "allreduce_",
@@ -607,3 +610,38 @@ def _broadcast_bytes(payload: bytes | None, root_rank: int, name: str) -> bytes:
 
 def _as_tensor(x: Any) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+
+class TorchState(State):
+    """Elastic state of a torch model and optimizer (plus user values, see
+    :class:`peloton.collective.elastic.State`): ``commit()`` keeps copies of their state dicts,
+    ``restore()`` loads them back, ``sync()`` gives every rank rank 0's."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        **values: Any,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        super().__init__(**values)
+
+    def save(self) -> None:
+        super().save()
+        self._model_saved = copy.deepcopy(self.model.state_dict())
+        self._optimizer_saved = (
+            copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
+        )
+
+    def restore(self) -> None:
+        super().restore()
+        self.model.load_state_dict(self._model_saved)
+        if self.optimizer is not None and self._optimizer_saved is not None:
+            self.optimizer.load_state_dict(self._optimizer_saved)
+
+    def sync(self) -> None:
+        broadcast_parameters(self.model.state_dict(), root_rank=0)
+        if self.optimizer is not None:
+            broadcast_optimizer_state(self.optimizer, root_rank=0)
+        super().sync()

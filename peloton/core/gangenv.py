@@ -14,6 +14,16 @@ from them. Standard library only: :mod:`peloton.collective` imports it inside ta
   the scheduler only), and ``PELOTON_PORT_<NAME>`` for each of its named ports.
 - ``PELOTON_COLLECTIVE_TIMEOUT``, ``PELOTON_FUSION_THRESHOLD``: collective runtime settings
   (optional; ``peloton-run`` sets them from its flags).
+- ``PELOTON_GENERATION``: the gang's generation (optional, 0 for a gang that never changes).
+  Ranks connect only to peers of their own generation, so a stale rank fails fast.
+
+Elastic gangs (:mod:`peloton.collective.elastic`) learn their membership from a rendezvous
+endpoint instead of ``PELOTON_RANK``/``PEERS`` (:mod:`peloton.collective.rendezvous`):
+
+- ``PELOTON_RENDEZVOUS``: ``host:port`` of the gang's rendezvous endpoint.
+- ``PELOTON_RENDEZVOUS_TOKEN``: the per-job secret the endpoint requires of every worker.
+- ``PELOTON_ELASTIC_TIMEOUT``: seconds a worker waits for a generation of at least the gang's
+  minimum size before it fails (optional; default 60).
 """
 
 from __future__ import annotations
@@ -36,12 +46,17 @@ ATTEMPT_ID = "PELOTON_ATTEMPT_ID"
 PORT_PREFIX = "PELOTON_PORT_"
 COLLECTIVE_TIMEOUT = "PELOTON_COLLECTIVE_TIMEOUT"
 FUSION_THRESHOLD = "PELOTON_FUSION_THRESHOLD"
+GENERATION = "PELOTON_GENERATION"
+RENDEZVOUS = "PELOTON_RENDEZVOUS"
+RENDEZVOUS_TOKEN = "PELOTON_RENDEZVOUS_TOKEN"
+ELASTIC_TIMEOUT = "PELOTON_ELASTIC_TIMEOUT"
 
 # Where a rank sits in its gang: what peloton-run sets and a user may not override.
 TOPOLOGY_VARS = (RANK, GANG_SIZE, PEERS, LOCAL_RANK, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE)
 
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_FUSION_THRESHOLD = 64 << 20
+DEFAULT_ELASTIC_TIMEOUT = 60.0
 
 
 class GangEnvError(ValueError):
@@ -97,6 +112,8 @@ class GangEnv:
     # Collective runtime settings; None: not set (the runtime's defaults).
     timeout: float | None = None
     fusion_threshold: int | None = None
+    # The gang's generation (elastic gangs re-form under increasing ones).
+    generation: int = 0
 
     @classmethod
     def at(cls, rank: int, size: int, peers: Sequence[str], where: Rank, **rest: Any) -> GangEnv:
@@ -134,6 +151,8 @@ class GangEnv:
             env[COLLECTIVE_TIMEOUT] = f"{self.timeout:g}"
         if self.fusion_threshold is not None:
             env[FUSION_THRESHOLD] = str(self.fusion_threshold)
+        if self.generation:
+            env[GENERATION] = str(self.generation)
         return env
 
     @classmethod
@@ -148,6 +167,7 @@ class GangEnv:
         local_size: int | None = None,
         timeout: float | None = None,
         fusion_threshold: int | None = None,
+        generation: int | None = None,
     ) -> GangEnv:
         """The topology and collective settings from ``environ``; an argument that is not None
         wins over its variable. Local rank and size default to 0 and 1, cross rank and size to
@@ -179,6 +199,7 @@ class GangEnv:
             fusion_threshold=int(
                 _positive(environ, FUSION_THRESHOLD, fusion_threshold, DEFAULT_FUSION_THRESHOLD)
             ),
+            generation=_int(environ, GENERATION, generation, 0),
         )
 
     def addresses(self) -> tuple[list[str], list[int]]:
@@ -209,6 +230,11 @@ def _int(
         return int(raw)
     except ValueError:
         raise GangEnvError(f"{var}={raw!r} is not an integer") from None
+
+
+def elastic_timeout(environ: Mapping[str, str]) -> float:
+    """``PELOTON_ELASTIC_TIMEOUT`` in seconds (positive), else the default."""
+    return _positive(environ, ELASTIC_TIMEOUT, None, DEFAULT_ELASTIC_TIMEOUT)
 
 
 def _positive(environ: Mapping[str, str], var: str, given: float | None, default: float) -> float:

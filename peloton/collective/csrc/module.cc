@@ -75,10 +75,11 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Runtime>(m, "Runtime")
       .def(py::init<int, int, const std::vector<std::string>&, const std::vector<int>&, double, size_t, int, int,
-                    int, int>(),
+                    int, int, uint32_t>(),
            py::arg("rank"), py::arg("size"), py::arg("hosts"), py::arg("ports"), py::arg("timeout"),
            py::arg("fusion_threshold"), py::arg("local_rank") = 0, py::arg("local_size") = 1,
-           py::arg("cross_rank") = -1, py::arg("cross_size") = -1, py::call_guard<py::gil_scoped_release>())
+           py::arg("cross_rank") = -1, py::arg("cross_size") = -1, py::arg("generation") = 0,
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "enqueue",
           [](Runtime& rt, int kind, const std::string& name, int dtype, int op, int root,

@@ -97,6 +97,7 @@ class FailureAgreement {
   std::vector<int> awaiting() const;
   void closed(int rank);                                  // its control connection closed: dead
   void reported(int rank);                                // it sent FAIL (its reason is not used)
+  bool found_dead() const { return !dead_.empty(); }
   std::string verdict() const;
   std::vector<int> to_notify() const;  // live workers that get the verdict (ABORT)
 

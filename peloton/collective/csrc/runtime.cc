@@ -31,7 +31,7 @@ struct Aborted : std::runtime_error {
 
 Runtime::Runtime(int rank, int size, const std::vector<std::string>& hosts, const std::vector<int>& ports,
                  double timeout_s, size_t fusion_threshold, int local_rank, int local_size, int cross_rank,
-                 int cross_size)
+                 int cross_size, uint32_t generation)
     : rank_(rank),
       size_(size),
       local_rank_(local_rank),
@@ -62,7 +62,7 @@ Runtime::Runtime(int rank, int size, const std::vector<std::string>& hosts, cons
   cross_.me = use_shm ? cross_rank : 0;
   try {
     if (use_shm && local_rank == 0) setup_shm(ports);
-    if (size > 1) connect_mesh(mesh_, rank_, size_, hosts, ports, timeout_);
+    if (size > 1) connect_mesh(mesh_, rank_, size_, hosts, ports, timeout_, generation);
     if (use_shm && local_rank != 0) setup_shm(ports);
     if (shm_) {
       shm_->barrier();  // everyone has mapped it: the name can go
@@ -377,8 +377,16 @@ std::string Runtime::coordinator_verdict(const std::string& reason, int failed_p
   FailureAgreement agreement(size_, reason, failed_peer, peer_closed, gone_, bye_);
   // Give the others a moment to report: a dead rank closes every socket at once, so its control
   // connection tells us who died (the neighbours only see their side of the ring break).
-  const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(2));
+  auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(2));
+  // Once one rank is known dead the verdict is clear: others that died with it (a lost host) close
+  // within moments, and a live rank blocked elsewhere in the ring need not be waited for (elastic
+  // training re-forms the gang as soon as the survivors hear the verdict).
+  bool shortened = false;
   while (ms_left(deadline) > 0) {
+    if (agreement.found_dead() && !shortened) {
+      deadline = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
+      shortened = true;
+    }
     std::vector<pollfd> fds;
     const std::vector<int> peers = agreement.awaiting();
     for (int j : peers) fds.push_back({mesh_.ctrl[static_cast<size_t>(j)], POLLIN, 0});

@@ -45,7 +45,7 @@ class Runtime {
   // and, when local_size > 1, shared memory (hierarchical allreduce when cross_size > 1 too).
   Runtime(int rank, int size, const std::vector<std::string>& hosts, const std::vector<int>& ports,
           double timeout_s, size_t fusion_threshold, int local_rank = 0, int local_size = 1,
-          int cross_rank = -1, int cross_size = -1);
+          int cross_rank = -1, int cross_size = -1, uint32_t generation = 0);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

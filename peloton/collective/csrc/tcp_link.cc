@@ -12,7 +12,7 @@
 namespace peloton {
 namespace {
 
-constexpr uint32_t kMagic = 0x504c5431;  // "PLT1"
+constexpr uint32_t kMagic = 0x504c5432;  // "PLT2": the hello carries the generation
 constexpr uint8_t kData = 0, kControl = 1;
 constexpr size_t kMaxIo = 1 << 20;  // bytes per send/recv call: keeps both directions moving
 
@@ -30,8 +30,13 @@ void TcpMesh::close() {
 }
 
 void connect_mesh(TcpMesh& mesh, int rank, int size, const std::vector<std::string>& hosts,
-                  const std::vector<int>& ports, std::chrono::milliseconds timeout) {
+                  const std::vector<int>& ports, std::chrono::milliseconds timeout, uint32_t generation) {
   const auto deadline = Clock::now() + timeout;
+  auto stale = [&](int peer, uint32_t theirs) {
+    return CollectiveError("rank " + std::to_string(rank) + " of generation " + std::to_string(generation) +
+                           ": rank " + std::to_string(peer) + " is of generation " + std::to_string(theirs) +
+                           " (a stale rank of an earlier gang, or this one is stale: re-join the gang)");
+  };
   const auto self = static_cast<size_t>(rank);
   const int lfd = listen_on(hosts[self], ports[self]);
   auto hello = [&](int fd, uint8_t channel, int peer) {
@@ -40,7 +45,12 @@ void connect_mesh(TcpMesh& mesh, int rank, int size, const std::vector<std::stri
     w.u32(static_cast<uint32_t>(rank));
     w.u32(static_cast<uint32_t>(size));
     w.u8(channel);
+    w.u32(generation);
     send_all(fd, w.bytes().data(), w.bytes().size(), deadline, peer);
+    // The acceptor answers with its generation: a dialler of another one learns it here.
+    uint32_t theirs = 0;
+    recv_all(fd, &theirs, sizeof theirs, deadline, peer);
+    if (theirs != generation) throw stale(peer, theirs);
   };
   try {
     // Lower ranks are dialled (their listen backlog completes the connect), higher ranks dial us.
@@ -68,17 +78,29 @@ void connect_mesh(TcpMesh& mesh, int rank, int size, const std::vector<std::stri
                               " did not connect within " + seconds_str(timeout));
       }
       tune_socket(fd);
-      char buf[13];
+      char buf[17];
       recv_all(fd, buf, sizeof buf, deadline, -1);
       uint32_t magic, peer, psize;
       std::memcpy(&magic, buf, 4);
       std::memcpy(&peer, buf + 4, 4);
       std::memcpy(&psize, buf + 8, 4);
       const uint8_t channel = static_cast<uint8_t>(buf[12]);
+      uint32_t theirs;
+      std::memcpy(&theirs, buf + 13, 4);
       if (magic != kMagic || peer >= static_cast<uint32_t>(size) || static_cast<int>(psize) != size) {
         ::close(fd);
         throw CollectiveError("rank " + std::to_string(rank) + ": a peer connected with a different gang (size " +
                               std::to_string(psize) + ", expected " + std::to_string(size) + ")");
+      }
+      try {
+        send_all(fd, &generation, sizeof generation, deadline, static_cast<int>(peer));
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      if (theirs != generation) {
+        ::close(fd);
+        throw stale(static_cast<int>(peer), theirs);
       }
       auto& slot = channel == kControl ? mesh.ctrl[peer] : mesh.data[peer];
       if (slot >= 0) ::close(slot);

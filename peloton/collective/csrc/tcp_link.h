@@ -23,8 +23,11 @@ struct TcpMesh {
 // Listens on this rank's address, dials the lower ranks (and rank 0's control channel) and
 // accepts the higher ones (and, on rank 0, every worker's control channel), within `timeout`.
 // Throws CollectiveError naming the ranks that did not connect. `mesh` holds one slot per rank.
+// Every connection carries the gang's `generation` (elastic training re-forms gangs under new
+// ones) and the acceptor answers with its own: a peer of another generation is refused on both
+// sides with a CollectiveError naming both, so a stale rank fails at once instead of hanging.
 void connect_mesh(TcpMesh& mesh, int rank, int size, const std::vector<std::string>& hosts,
-                  const std::vector<int>& ports, std::chrono::milliseconds timeout);
+                  const std::vector<int>& ports, std::chrono::milliseconds timeout, uint32_t generation = 0);
 
 class TcpLink : public Link {
  public:
