@@ -93,13 +93,16 @@ def run_ranks(
     local_size: int = 1,
     init: bool = True,
     deadline: float = 60.0,
+    start_method: str = "fork",
 ) -> list[Outcome]:
     """Runs ``fn(*args)`` in `size` forked rank processes after ``pc.init()`` from PELOTON_* env.
 
     Returns one Outcome per rank. A rank that dies without reporting (SIGKILL) has only an
     exit code. Processes still alive after `deadline` seconds are killed and reported as hung.
+    ``start_method="spawn"`` starts fresh interpreters instead (``fn`` importable by name): for
+    torch, whose thread pools a forked child inherits half-made and may hang on.
     """
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(start_method)
     q = ctx.Queue()
     peers = [f"127.0.0.1:{p}" for p in free_ports(size)]
     procs = []

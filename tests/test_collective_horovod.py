@@ -25,8 +25,9 @@ TCPI_BYTES_RECEIVED = 128
 
 
 def single_threaded() -> None:
-    """For a forked rank: the OpenMP pool the test process may have started is not forked with
-    it, and an operator waiting on that pool would hang; one thread never uses it."""
+    """One thread per rank: the ranks share this machine's cores (they run in fresh processes,
+    spawned: a forked child of a test process that used torch can hang on the thread pools it
+    inherits half-made, as CI saw)."""
     torch.set_num_threads(1)
 
 
@@ -152,7 +153,7 @@ def wire_bytes() -> dict[str, Any]:
 def test_fp16_compression_halves_the_bytes_on_the_wire() -> None:
     # One rank per host: the ranks talk TCP, whose received bytes the kernel counts. In a ring
     # of 2 each rank receives the whole tensor once (half in reduce-scatter, half in allgather).
-    for res in assert_all_ok(run_ranks(wire_bytes, 2)):
+    for res in assert_all_ok(run_ranks(wire_bytes, 2, start_method="spawn")):
         assert res["none.dtype"] == res["fp16.dtype"] == "torch.float32"
         assert res["none.values"] == res["fp16.values"] == [3.0]
         assert ELEMENTS * 4 <= res["none"] < ELEMENTS * 4 * 1.02
@@ -199,7 +200,7 @@ def scaled_and_grouped() -> dict[str, Any]:
 
 
 def test_prescale_postscale_grouped_and_predivide() -> None:
-    for res in assert_all_ok(run_ranks(scaled_and_grouped, 2)):
+    for res in assert_all_ok(run_ranks(scaled_and_grouped, 2, start_method="spawn")):
         assert res["scaled"] == [3.0]
         assert res["untouched"] in (1.0, 2.0)  # the caller's tensor is not scaled in place
         assert res["inplace"] == [True, True]
@@ -340,7 +341,7 @@ def sync_bn() -> dict[str, Any]:
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_sync_batch_norm_matches_batch_norm_on_the_whole_batch(n: int) -> None:
     want = batch_norm(torch.nn.BatchNorm2d(3, momentum=None), *batch())
-    got = assert_all_ok(run_ranks(sync_bn, n))
+    got = assert_all_ok(run_ranks(sync_bn, n, start_method="spawn"))
     close = {"rtol": 1e-5, "atol": 1e-5}
     for key in ("y", "x.grad", "eval"):
         np.testing.assert_allclose(np.concatenate([g[key] for g in got]), want[key], **close)
