@@ -91,6 +91,7 @@ bench: $(STAMP)
 	$(PY) -m bench.bench_placement
 	$(PY) -m bench.bench_allreduce
 	$(PY) -m bench.bench_containers
+	$(PY) -m bench.bench_elastic
 	# End to end is minutes per full run (see BENCHMARKS.md); here a small run that must pass.
 	$(PY) -m bench.bench_e2e --check
 
