@@ -27,6 +27,8 @@ changes gracefully (a worker joined) the endpoint says so and the next ``commit(
 each re-form the reset callbacks run (e.g. to scale the learning rate by the new size). If no
 generation of at least the gang's minimum forms within ``PELOTON_ELASTIC_TIMEOUT`` seconds, the
 worker raises :class:`RendezvousError` (the gang has failed; the process exits non-zero).
+A script that called ``init()`` before (as Horovod's do) has that runtime shut down by
+:func:`run`, which then joins the endpoint as above.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ __all__ = [
     "Membership",
     "RendezvousError",
     "State",
+    "allgather_object",
+    "broadcast_object",
     "run",
     "wait_for_change",
 ]
@@ -150,6 +154,11 @@ def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
     return obj if pc.rank() == root_rank else pickle.loads(words.view(np.uint8)[:n].tobytes())
 
 
+def allgather_object(obj: Any) -> list[Any]:
+    """Every rank's obj (pickled), in rank order, on every rank."""
+    return [broadcast_object(obj, root_rank=r) for r in range(pc.size())]
+
+
 def _connect() -> RendezvousClient:
     address = os.environ.get(gangenv.RENDEZVOUS)
     if not address:
@@ -176,6 +185,10 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
         # Peers reach our runtime at the address we reach the endpoint from.
         host = client.local_host
         first = True
+        if pc.is_initialized():
+            # The script called init() first (as Horovod's do): the gang re-forms from the
+            # endpoint, and rank 0's state is given to every rank as after any re-form.
+            pc.shutdown()
         try:
             while True:
                 me = client.join(f"{host}:{free_port(host)}")

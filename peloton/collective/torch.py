@@ -72,7 +72,8 @@ from peloton.collective import (
     synchronize,
 )
 from peloton.collective.compression import Compression, Compressor
-from peloton.collective.elastic import State
+from peloton.collective.elastic import State, allgather_object, broadcast_object
+from peloton.collective.sampler import ElasticSampler
 from peloton.collective.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
@@ -487,6 +488,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             )
         super().zero_grad(set_to_none)
 
+    def discard_pending(self) -> None:
+        """Forgets gradient allreduces in flight (after their gang failed, before a restore)."""
+        self._pc_handles.clear()
+        self._pc_passes = dict.fromkeys(self._pc_names, 0)
+
     def remove_hooks(self) -> None:
         """Detach the gradient hooks (the optimizer then no longer allreduces on backward)."""
         for hook in self._pc_hooks:
@@ -615,33 +621,62 @@ def _as_tensor(x: Any) -> torch.Tensor:
 class TorchState(State):
     """Elastic state of a torch model and optimizer (plus user values, see
     :class:`peloton.collective.elastic.State`): ``commit()`` keeps copies of their state dicts,
-    ``restore()`` loads them back, ``sync()`` gives every rank rank 0's."""
+    ``restore()`` loads them back, ``sync()`` gives every rank rank 0's.
+
+    A value that is an :class:`~peloton.collective.sampler.ElasticSampler` (Horovod's
+    ``TorchState(model, optimizer, train_sampler=sampler, epoch=0)``) stays the same object:
+    ``commit()`` keeps its epoch and the indices processed by all ranks (united across the gang),
+    ``restore()`` and ``sync()`` load them into it, and it re-shards what is left of the epoch.
+    """
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         **values: Any,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
-        super().__init__(**values)
+        self._samplers = {k: v for k, v in values.items() if isinstance(v, ElasticSampler)}
+        self._samplers_saved: dict[str, dict[str, Any]] = {}
+        for k, v in self._samplers.items():
+            setattr(self, k, v)
+        super().__init__(**{k: v for k, v in values.items() if k not in self._samplers})
 
     def save(self) -> None:
         super().save()
-        self._model_saved = copy.deepcopy(self.model.state_dict())
+        self._model_saved = (
+            copy.deepcopy(self.model.state_dict()) if self.model is not None else None
+        )
         self._optimizer_saved = (
             copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
         )
+        self._samplers_saved = {k: self._gang_sampler_state(s) for k, s in self._samplers.items()}
 
     def restore(self) -> None:
         super().restore()
-        self.model.load_state_dict(self._model_saved)
+        if self.model is not None and self._model_saved is not None:
+            self.model.load_state_dict(self._model_saved)
         if self.optimizer is not None and self._optimizer_saved is not None:
+            if isinstance(self.optimizer, DistributedOptimizer):
+                self.optimizer.discard_pending()
             self.optimizer.load_state_dict(self._optimizer_saved)
+        for k, s in self._samplers.items():
+            s.load_state_dict(self._samplers_saved[k])
 
     def sync(self) -> None:
-        broadcast_parameters(self.model.state_dict(), root_rank=0)
+        if self.model is not None:
+            broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
+        for s in self._samplers.values():
+            s.load_state_dict(broadcast_object(self._gang_sampler_state(s)))
         super().sync()
+
+    @staticmethod
+    def _gang_sampler_state(sampler: ElasticSampler) -> dict[str, Any]:
+        """The sampler's state with the indices every rank of the gang processed."""
+        state = sampler.state_dict()
+        if pc.is_initialized() and pc.size() > 1:
+            state["processed_indices"] = set().union(*allgather_object(state["processed_indices"]))
+        return state
