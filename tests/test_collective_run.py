@@ -238,6 +238,9 @@ def test_signals_are_forwarded_and_nothing_is_left_running(
         (["-np", "2", "-x", "1BAD", "true"], "-x: '1BAD' is not a variable name"),
         (["-np", "2", "-x", "PELOTON_RANK=3", "true"], "-x: PELOTON_RANK is set by peloton-run"),
         (["-np", "1", "/nonexistent/program"], "cannot start rank 0: /nonexistent/program"),
+        (["-np", "2", "--min", "2", "true"], "--min/--max: only with --elastic"),
+        (["--elastic", "--min", "3", "-np", "2", "true"], "--min 3 --max 2: need 1 <= min"),
+        (["--elastic", "--min", "0", "-np", "2", "true"], "--min 0 --max 2: need 1 <= min"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(args: list[str], error: str) -> None:

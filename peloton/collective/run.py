@@ -533,7 +533,9 @@ def cli(
     if elastic:
         bounds = (size if min_size is None else min_size, size if max_size is None else max_size)
         if not 1 <= bounds[0] <= bounds[1]:
-            raise RunError(f"--min {bounds[0]} --max {bounds[1]}: need 1 <= min <= max")
+            raise RunError(
+                f"--min {bounds[0]} --max {bounds[1]}: need 1 <= min <= max (each defaults to -np)"
+            )
     elif min_size is not None or max_size is not None:
         raise RunError("--min/--max: only with --elastic")
     if timeout is not None and timeout <= 0:
