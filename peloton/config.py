@@ -81,6 +81,12 @@ class ServerConfig:
     metrics_port: int = option(
         9392, help="Prometheus /metrics port (0: any free).", min=0, max=65535
     )
+    rendezvous_host: str = option(
+        "",
+        help="Address the rendezvous endpoints of elastic gangs listen on; their tasks connect "
+        "there [default: grpc-host, or this host's address if that is a wildcard].",
+        show_default=False,
+    )
     # WatchJob streams wait on the event loop and hold no thread.
     grpc_workers: int = option(
         32, help="Threads serving unary RPCs (open watches hold none).", min=1, max=1024

@@ -19,6 +19,8 @@ from peloton.api.pool_service import PoolService
 from peloton.api.watches import WatchQuotas
 from peloton.config import ServerConfig
 from peloton.core.states import JobState, TaskState
+from peloton.elastic.endpoints import Endpoints, default_host
+from peloton.elastic.metrics import ElasticMetrics
 from peloton.errors import Unavailable
 from peloton.hostmgr.hosts import HostRegistry
 from peloton.jobmgr.expiry import ExpiryTimer
@@ -72,6 +74,7 @@ class Server:
         self.hosts: HostRegistry | None = None
         self.hostmgr: HostManager | None = None
         self.launcher: Launcher | None = None
+        self.elastic: Endpoints | None = None
         self.grpc_port = 0
         self.metrics_port = 0
         self._grpc: GrpcServer | None = None
@@ -99,6 +102,14 @@ class Server:
             no_hosts=NO_HOSTS_YET if self.config.mesos_master else NO_MASTER,
         )
         self.jobs.set_scheduler(self.resmgr)
+        self.elastic = Endpoints(
+            self.jobs,
+            self.jobs.events,
+            default_host(self.config.rendezvous_host, self.config.grpc_host),
+            ElasticMetrics(self.metrics.registry),
+        )
+        self.jobs.set_elastic(self.elastic)
+        self.jobs.events.subscribe(self.elastic.job_changed)
         self._build_hosts(db, self.jobs, self.resmgr)
         self._register_state_gauges(db)
 
@@ -198,6 +209,7 @@ class Server:
             jobs,
             metrics=PlacementMetrics(self.metrics.registry),
             workers=writers,
+            rendezvous=self.elastic,
         )
         self.hostmgr.add_offer_listener(self.launcher.wake)
         resmgr.add_admission_listener(self.launcher.wake)
@@ -248,6 +260,8 @@ class Server:
             self.expiry.stop()
         if self.resmgr is not None:
             self.resmgr.stop()
+        if self.elastic is not None:
+            self.elastic.close()
         http = self._metrics_http
         if http is not None:
             http.shutdown()  # type: ignore[attr-defined]

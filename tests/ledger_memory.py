@@ -25,6 +25,7 @@ from peloton.core.ledger import JobLedger, PoolStore
 from peloton.core.pools import PoolConfig
 from peloton.core.records import AttemptRecord, EventRecord, JobRecord, TaskRecord, TaskUpdate
 from peloton.core.records import attempt_id as make_attempt_id
+from peloton.core.spec import is_elastic
 from peloton.core.states import (
     JOB_TERMINAL,
     TASK_ACTIVE,
@@ -361,13 +362,21 @@ class MemoryLedger:
         self._after_commit((), 0, job_id)
         return record
 
-    def preempt(self, job_id: str, message: str) -> JobRecord:
+    def preempt(self, job_id: str, message: str, count: int = 0) -> JobRecord:
         with self._writing([job_id]) as (now, jobs):
             job = jobs[0]
             unlaunched = {T.READY, T.PLACING, T.PLACED}
-            self._move(job, unlaunched, T.PENDING, now, PREEMPTED, message, Goal.RUN)
             running = TASK_ACTIVE - {T.KILLING, T.PREEMPTING}
-            self._move(job, running, T.PREEMPTING, now, PREEMPTED, message, Goal.RESTART)
+            back = stop = None
+            if count:
+                back = _highest(job.in_states(unlaunched), count)
+                stop = _highest(job.in_states(running), count - len(back))
+            self._move(
+                job, unlaunched, T.PENDING, now, PREEMPTED, message, Goal.RUN, instances=back
+            )
+            self._move(
+                job, running, T.PREEMPTING, now, PREEMPTED, message, Goal.RESTART, instances=stop
+            )
             to_kill = [self._attempt_id(t) for t in job.in_states({T.PREEMPTING})]
             self._derive(job, now, reason=PREEMPTED, message=message)
             record = job.record()
@@ -406,10 +415,17 @@ class MemoryLedger:
                 self._apply(job, task, u, now)
             to_kill: list[str] = []
             grace = 0
-            if failures and job.goal == Goal.RUN:
+            if is_elastic(job.spec) and job.counts().get(T.SUCCEEDED, 0) > 0:
+                if any(u.state == T.SUCCEEDED for u in updates):
+                    why = "the elastic gang finished"
+                    self._move(job, TASK_UNLAUNCHED, T.KILLED, now, "gang_finished", why, Goal.KILL)
+            elif failures and job.goal == Goal.RUN:
                 grace = job.spec.preemption.kill_grace_seconds
                 task_failures = {i: t.failures for i, t in touched.items()}
-                plan = restarts.plan(job.spec, job.gang_failures, failures, task_failures, now)
+                running = len(job.in_states(TASK_ACTIVE - {T.KILLING, T.PREEMPTING}))
+                plan = restarts.plan(
+                    job.spec, job.gang_failures, failures, task_failures, now, running
+                )
                 to_kill = self._after_failures(job, plan, now)
             self._derive(job, now)
             record = job.record()
@@ -440,7 +456,7 @@ class MemoryLedger:
                 self._new_attempt(task, now, *why)
 
     def _after_failures(self, job: _Job, plan: restarts.Plan, now: datetime) -> list[str]:
-        if plan.action is restarts.Action.RESTART_TASKS:
+        if plan.action in (restarts.Action.RESTART_TASKS, restarts.Action.SHRINK):
             if plan.restart:
                 self._renew(
                     job, _FAILURES, now, restarts.TASK_RESTART, plan.message, instances=plan.restart
@@ -538,7 +554,7 @@ class MemoryLedger:
     ) -> None:
         new_goal = goal or job.goal
         old = job.state
-        new = derive_job_state(job.counts(), new_goal)
+        new = derive_job_state(job.counts(), new_goal, elastic=is_elastic(job.spec))
         if new == old and new_goal == job.goal:
             return
         check_job_transition(old, new)
@@ -680,3 +696,8 @@ def _conforms(ledger: MemoryLedger, pools: MemoryPoolStore) -> tuple[JobLedger, 
 def counts(record: JobRecord) -> Mapping[str, int]:
     """A job's task counts by state name (what tests compare)."""
     return {s.value: n for s, n in record.task_counts.items() if n}
+
+
+def _highest(tasks: Sequence[_Task], count: int) -> list[int]:
+    """The ``count`` highest instance ids of ``tasks``."""
+    return sorted((t.instance_id for t in tasks), reverse=True)[: max(0, count)]

@@ -32,6 +32,7 @@ class Preemption:
     job_id: str
     pool: str
     message: str
+    tasks: int = 0  # tasks an elastic gang was shrunk by; 0: the whole gang
 
 
 @dataclass
@@ -63,9 +64,10 @@ class Harness:
         self._pool_of: dict[str, str] = {}
         real_preempt = self.jobs.preempt
 
-        def recording_preempt(job_id: str, message: str) -> JobRecord:
-            self.preemptions.append(Preemption(self.cycles, job_id, self._pool_of[job_id], message))
-            return real_preempt(job_id, message)
+        def recording_preempt(job_id: str, message: str, count: int = 0) -> JobRecord:
+            pool = self._pool_of[job_id]
+            self.preemptions.append(Preemption(self.cycles, job_id, pool, message, count))
+            return real_preempt(job_id, message, count)
 
         self.jobs.preempt = recording_preempt  # type: ignore[method-assign]
 
@@ -107,7 +109,10 @@ class Harness:
         max_runtime_seconds: int = 0,
         cpu: float = 1,
         mem_mb: float = 64,
+        elastic: bool = False,
     ) -> str:
+        """A job of ``instances`` tasks; ``elastic``: an elastic gang of ``min_instances`` to
+        ``instances`` tasks."""
         spec = job_pb2.JobSpec(
             name=name,
             pool=pool,
@@ -118,6 +123,8 @@ class Harness:
             ),
         )
         spec.gang.min_instances = min_instances
+        if elastic:
+            spec.gang.max_instances = instances
         if max_failures is not None:
             spec.restart.max_failures = max_failures
         if backoff_seconds is not None:

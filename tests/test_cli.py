@@ -147,7 +147,12 @@ def test_submit_json_and_yaml_output(cli: Cli) -> None:
         "disk_mb": 0.0,
         "gpu": 1.0,
     }
-    assert data["spec"]["gang"] == {"min_instances": 2}  # the default, filled by the server
+    # The default, filled by the server; a fixed gang (not elastic).
+    assert data["spec"]["gang"] == {
+        "min_instances": 2,
+        "max_instances": 0,
+        "elastic_timeout_seconds": 0,
+    }
     assert cli.client.get_job(data["job_id"]).spec.name == "resnet"
 
     doc = yaml.safe_load(cli.ok("job", "submit", cli.job_file(), "-o", "yaml"))

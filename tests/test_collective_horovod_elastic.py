@@ -138,3 +138,24 @@ def test_the_horovod_elastic_names() -> None:
     state.epoch = 4
     state.restore()
     assert state.epoch == 3
+
+
+def test_torch_state_commits_and_restores_a_learning_rate_scheduler_in_place() -> None:
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    state = TorchState(model, optimizer, scheduler=scheduler, epoch=0)
+    assert state.scheduler is scheduler  # the same object, not a copy
+    optimizer.step()
+    scheduler.step()
+    state.commit()
+    for _ in range(3):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == 0.0625
+    state.restore()
+    assert scheduler.last_epoch == 1
+    # The scheduler's next step goes on from the committed epoch.
+    optimizer.step()
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == 0.25

@@ -5,7 +5,9 @@ pools created from examples/pools, each job file's own command run from the virt
 output in the task logs. tests/mesos/test_real_examples.py runs the same checks on real Mesos.
 The container example needs the cluster's image store (README "Task containers", whose commands
 tests/test_readme_containers.py runs: it submits that example and checks its end); the local real
-Mesos cluster has no image support, so it runs on the minicluster only."""
+Mesos cluster has no image support, so it runs on the minicluster only. The elastic example's
+trainer is a script of the checkout, which its command finds through the activated virtualenv (a
+local cluster's tasks inherit the environment): it too runs on the minicluster only."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import yaml
 from daemon import Peloton, run_peloton, start_minicluster, wait_for
 
 from peloton.client import PelotonClient
-from peloton.core.spec import load_job_spec_yaml, validate_job_spec
+from peloton.core.spec import load_job_spec_yaml, validate_job_spec, with_defaults
 from peloton.minicluster import AgentSpec, Minicluster
 from peloton.v1 import job_pb2
 
@@ -57,6 +59,7 @@ MODEL = {a.hostname: attribute(a, "gpu_model") for a in agents()}
 def test_every_example_is_there() -> None:
     assert JOB_FILES == [
         "container-allreduce.yaml",
+        "elastic-torch.yaml",
         "gang-8gpu.yaml",
         "job.yaml",
         "multi-rack-gang.yaml",
@@ -69,7 +72,7 @@ def test_every_example_is_there() -> None:
 @pytest.mark.parametrize("name", JOB_FILES)
 def test_job_example_is_valid_and_says_where_it_runs(name: str) -> None:
     spec = load_job(name)
-    validate_job_spec(spec)
+    validate_job_spec(with_defaults(spec))  # as `peloton job submit` and the daemon do
     assert spec.pool in pool_paths()
     assert AGENTS_FILE.name in (EXAMPLES / name).read_text()
 
@@ -94,9 +97,10 @@ def test_pool_and_agent_examples_load() -> None:
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Minicluster]:
-    # The agents pass their environment on to tasks: the virtualenv's python first on PATH, as
-    # in a shell where the README's `. .venv/bin/activate` ran.
+    # The agents pass their environment on to tasks: the virtualenv's python first on PATH and
+    # VIRTUAL_ENV set, as in a shell where the README's `. .venv/bin/activate` ran.
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent), prepend=":")
+    monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)
     mc = start_minicluster(agents(), tmp_path / "cluster")
     yield mc
     mc.stop()
@@ -221,3 +225,40 @@ def run_every_example(
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_job_examples_run_on_the_documented_cluster_as_described(peloton: Peloton) -> None:
     run_every_example(peloton)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_the_elastic_example_starts_with_two_grows_to_four_and_trains(peloton: Peloton) -> None:
+    for name in POOL_ORDER:
+        created = run_peloton(
+            "pool", "create", str(EXAMPLES / "pools" / f"{name}.yaml"), server=peloton.proc.address
+        )
+        assert created.returncode == 0, created.stderr
+    job_id, hosts = succeeds(peloton, "elastic-torch.yaml", {})
+    assert sorted(hosts) == [0, 1, 2, 3], hosts
+    assert {MODEL[h] for h in hosts.values()} == {"A100"}, hosts
+
+    # It started as soon as 2 ran, and grew to 4 as the other two joined.
+    watched = run_peloton("job", "watch", job_id, server=peloton.proc.address)
+    assert watched.returncode == 0, watched.stderr
+    assert "started with 2 ranks (generation 1)" in watched.stdout, watched.stdout
+    assert re.search(r"resized [23] -> 4 \(capacity freed\)", watched.stdout), watched.stdout
+    elastic = peloton.client.get_job(job_id).elastic
+    assert (elastic.min_instances, elastic.max_instances, elastic.size) == (2, 4, 4), elastic
+    got = run_peloton("job", "get", job_id, server=peloton.proc.address)
+    assert f"4 ranks, generation {elastic.generation} (min 2, max 4)" in got.stdout, got.stdout
+
+    # Every rank trained at 4 with 4 times the learning rate of one, and ended with the model.
+    started_at_2 = 0
+    for i in range(4):
+        log = task_log(peloton.client, job_id, i)
+        sizes = [int(n) for n in re.findall(r"^rank \d/(\d): lr ", log, re.M)]
+        assert sizes and sizes[-1] == 4, log
+        for n, lr in re.findall(r"^rank \d/(\d): lr (\S+)$", log, re.M):
+            assert float(lr) == pytest.approx(0.02 * int(n)), log
+        started_at_2 += sizes[0] == 2
+        assert re.search(r"^epoch 4 loss \d\.\d{4} \(4 ranks\)$", log, re.M), log
+        done = re.search(r"rank \d done: 5 epochs, loss (\S+), accuracy (\S+)$", log.rstrip())
+        assert done is not None, log
+        assert float(done.group(1)) < 0.3 and float(done.group(2)) > 0.85, log
+    assert started_at_2 == 2

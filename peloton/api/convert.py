@@ -57,6 +57,19 @@ def job_pb(job: JobRecord) -> job_pb2.Job:
             for s, n in sorted(job.task_counts.items(), key=lambda kv: list(TaskState).index(kv[0]))
         ],
         version=job.version,
+        elastic=_elastic_pb(job),
+    )
+
+
+def _elastic_pb(job: JobRecord) -> job_pb2.ElasticStatus | None:
+    gang = job.spec.gang
+    if not gang.max_instances:
+        return None
+    return job_pb2.ElasticStatus(
+        min_instances=gang.min_instances,
+        max_instances=gang.max_instances,
+        size=job.gang_size,
+        generation=job.generation,
     )
 
 

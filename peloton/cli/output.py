@@ -208,7 +208,8 @@ def print_job(job: job_pb2.Job) -> None:
         ("State", job_state(job.state)),
         ("Reason", reason(job.reason, job.message)),
         ("Priority", str(spec.priority)),
-        ("Instances", f"{spec.instances} (gang of {spec.gang.min_instances})"),
+        ("Instances", instances_line(job)),
+        *elastic_lines(job),
         ("Tasks", task_summary(job)),
         ("Resources", f"cpu {r.cpu:g}, mem {r.mem_mb:g} MB, disk {r.disk_mb:g} MB, gpu {r.gpu:g}"),
         ("Command", spec.task.command or "-"),
@@ -220,6 +221,22 @@ def print_job(job: job_pb2.Job) -> None:
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         click.echo(f"{key + ':':<{width + 1}} {value}")
+
+
+def instances_line(job: job_pb2.Job) -> str:
+    gang = job.spec.gang
+    if gang.max_instances:
+        return f"{gang.min_instances} to {gang.max_instances} (elastic gang)"
+    return f"{job.spec.instances} (gang of {gang.min_instances})"
+
+
+def elastic_lines(job: job_pb2.Job) -> list[tuple[str, str]]:
+    """The Elastic line of ``job get``: min/current/max and generation (elastic gangs only)."""
+    if not job.HasField("elastic"):
+        return []
+    e = job.elastic
+    now = f"{e.size} ranks, generation {e.generation}" if e.generation else "not formed yet"
+    return [("Elastic", f"{now} (min {e.min_instances}, max {e.max_instances})")]
 
 
 def container_lines(task: job_pb2.TaskSpec) -> list[tuple[str, str]]:
@@ -258,6 +275,8 @@ def print_tasks(tasks: Sequence[job_pb2.Task], wide: bool = False) -> None:
 
 def event_line(event: job_pb2.JobEvent) -> str:
     who = f"task {event.instance_id}" if event.has_instance else "job"
+    if event.from_state == event.to_state:  # not a change of state: an elastic gang's resize
+        return f"{when(event.time)}  {who:<10} {event.message}".rstrip()
     change = f"{event.from_state or '-'} -> {event.to_state}"
     why = " - ".join(x for x in (event.reason, event.message) if x)
     host = f" on {event.host}" if event.host else ""

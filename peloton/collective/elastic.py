@@ -29,26 +29,49 @@ generation of at least the gang's minimum forms within ``PELOTON_ELASTIC_TIMEOUT
 worker raises :class:`RendezvousError` (the gang has failed; the process exits non-zero).
 A script that called ``init()`` before (as Horovod's do) has that runtime shut down by
 :func:`run`, which then joins the endpoint as above.
+
+The worker's id at the endpoint is its task's ``PELOTON_ATTEMPT_ID`` when the scheduler set one
+(a random one otherwise). When the training function returns on a rank, :func:`run` tells the
+endpoint the gang is done: a worker that joins after that is told so and exits 0
+(:class:`GangFinished`). The scheduler shrinks the gang by draining workers: the gang stops at its
+next commit with the state kept and re-forms without them, and a drained worker leaves and exits
+0 (:class:`Drained`). A SIGTERM (a worker stopped with a grace period) drains this worker the same
+way; a second SIGTERM kills it. A failure report carries the steps the rollback throws away
+(:meth:`State.steps_lost`), which the scheduler records.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import numbers
 import os
 import pickle
+import signal
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterable
+from types import FrameType
 from typing import Any, TypeVar
 
 import numpy as np
 
 import peloton.collective as pc
-from peloton.collective.rendezvous import Membership, RendezvousClient, RendezvousError, free_port
+from peloton.collective import _core
+from peloton.collective.rendezvous import (
+    Drained,
+    GangFinished,
+    Membership,
+    RendezvousClient,
+    RendezvousError,
+    free_port,
+)
 from peloton.core import gangenv
 
 __all__ = [
+    "Drained",
+    "GangFinished",
     "HostsUpdatedInterrupt",
     "Membership",
     "RendezvousError",
@@ -77,11 +100,23 @@ class _Session:
 _session: _Session | None = None
 
 
+# User values whose progress since the last commit counts the training steps a restore loses.
+STEP_NAMES = ("step", "batch", "steps")
+
+
 class State:
     """Training state that survives re-forms: user values given as keywords (``state.step``).
 
     Subclasses (e.g. :class:`peloton.collective.torch.TorchState`) add what they hold by
-    overriding :meth:`save`, :meth:`restore` and :meth:`sync`.
+    overriding :meth:`save`, :meth:`restore` and :meth:`sync` (and :meth:`steps_lost`).
+
+    Steps lost: when a generation fails, :meth:`restore` throws away what was done since the
+    last commit; :meth:`steps_lost` says how many training steps that is, and :func:`run` reports
+    it to the endpoint. The rule: the first of the user values ``step``, ``batch``, ``steps``
+    that is an integer (now and at the last commit) counts them: its current value minus its
+    committed value (0 if it went down, e.g. a batch counter reset by a new epoch); without such
+    a value, 0. :class:`~peloton.collective.torch.TorchState` counts its optimizer's steps instead
+    when there were any.
     """
 
     def __init__(self, **values: Any) -> None:
@@ -125,6 +160,17 @@ class State:
         for k, v in self._saved.items():
             setattr(self, k, copy.deepcopy(v))
 
+    def steps_lost(self) -> int:
+        """Training steps since the last commit, which :meth:`restore` throws away (see the class
+        doc for the rule)."""
+        for k in STEP_NAMES:
+            if k not in self._keys:
+                continue
+            now, then = _as_int(getattr(self, k)), _as_int(self._saved.get(k))
+            if now is not None and then is not None:
+                return max(0, now - then)
+        return 0
+
     def sync(self) -> None:
         """Gives every rank rank 0's state (after every (re-)form) and commits it."""
         values = {k: getattr(self, k) for k in self._keys}
@@ -159,6 +205,13 @@ def allgather_object(obj: Any) -> list[Any]:
     return [broadcast_object(obj, root_rank=r) for r in range(pc.size())]
 
 
+def _as_int(value: object) -> int | None:
+    """An integer value (numpy's too, not a bool) as an int, else None."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
 def _connect() -> RendezvousClient:
     address = os.environ.get(gangenv.RENDEZVOUS)
     if not address:
@@ -168,11 +221,40 @@ def _connect() -> RendezvousClient:
         )
     timeout = gangenv.elastic_timeout(os.environ)
     token = os.environ.get(gangenv.RENDEZVOUS_TOKEN, "")
-    return RendezvousClient(address, token, uuid.uuid4().hex, timeout)
+    # The scheduler knows its tasks by their attempt id: it drains and removes workers by it.
+    worker = os.environ.get(gangenv.ATTEMPT_ID) or uuid.uuid4().hex
+    return RendezvousClient(address, token, worker, timeout)
 
 
 def _log(message: str) -> None:
     print(f"peloton.elastic: {message}", file=sys.stderr, flush=True)
+
+
+def _drain_on_sigterm(client: RendezvousClient) -> Callable[[], None]:
+    """In the main thread: the first SIGTERM asks the endpoint to drain this worker (it leaves at
+    its next commit, the state committed); a second one gets the default action (death). Returns
+    what puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    seen = False
+
+    def on_sigterm(signum: int, _frame: FrameType | None) -> None:
+        nonlocal seen
+        if seen:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        seen = True
+        client.request_drain("SIGTERM")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+    return restore
 
 
 def run(func: Callable[..., R]) -> Callable[..., R]:
@@ -189,11 +271,20 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
             # The script called init() first (as Horovod's do): the gang re-forms from the
             # endpoint, and rank 0's state is given to every rank as after any re-form.
             pc.shutdown()
+        restore_sigterm = _drain_on_sigterm(client)
         try:
             while True:
-                me = client.join(f"{host}:{free_port(host)}")
+                try:
+                    me = client.join(f"{host}:{free_port(host)}")
+                except Drained as exc:
+                    _log(f"drained by the scheduler ({exc.reason}): leaving the gang")
+                    raise SystemExit(0) from None
+                except GangFinished:
+                    _log("the gang finished before this worker joined")
+                    raise SystemExit(0) from None
                 _session = _Session(client, me)
                 _log(f"generation {me.generation}: rank {me.rank} of {me.size}")
+                _end_when_closed(client, me.generation)
                 try:
                     hosts = [h for h, _ in map(_split, me.members)]
                     where = gangenv.topology(hosts)[me.rank]
@@ -215,19 +306,37 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                     pc.shutdown()
                     continue
                 except pc.CollectiveError as exc:
-                    _log(f"generation {me.generation} failed ({exc}): restoring the last commit")
-                    client.report_failure(me.generation, str(exc))
+                    lost = state.steps_lost()
+                    _log(
+                        f"generation {me.generation} failed ({exc}): restoring the last commit "
+                        f"({lost} steps lost)"
+                    )
+                    client.report_failure(me.generation, str(exc), lost)
                     pc.shutdown()
                     state.restore()
                     continue
                 pc.shutdown()
+                client.done()
                 return result
         finally:
             _session = None
+            restore_sigterm()
             pc.shutdown()
             client.leave()
 
     return wrapper
+
+
+def _end_when_closed(client: RendezvousClient, generation: int) -> None:
+    """When ``generation`` ends, tell the runtime: a rank still connecting to its peers for it
+    (one died just after the generation formed) gives up at once instead of waiting out the
+    collective timeout, and re-joins."""
+
+    def watch() -> None:
+        client.watch(generation)
+        _core.end_generation(generation)
+
+    threading.Thread(target=watch, name=f"generation-{generation}", daemon=True).start()
 
 
 def _split(entry: str) -> tuple[str, int]:

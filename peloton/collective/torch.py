@@ -618,6 +618,14 @@ def _as_tensor(x: Any) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
 
 
+def _is_lr_scheduler(value: Any) -> bool:
+    """Whether ``value`` is a torch learning-rate scheduler (ReduceLROnPlateau included, which
+    older torch releases do not derive from the base class)."""
+    schedulers = torch.optim.lr_scheduler
+    base = getattr(schedulers, "LRScheduler", None) or schedulers._LRScheduler
+    return isinstance(value, base | schedulers.ReduceLROnPlateau)
+
+
 class TorchState(State):
     """Elastic state of a torch model and optimizer (plus user values, see
     :class:`peloton.collective.elastic.State`): ``commit()`` keeps copies of their state dicts,
@@ -627,6 +635,13 @@ class TorchState(State):
     ``TorchState(model, optimizer, train_sampler=sampler, epoch=0)``) stays the same object:
     ``commit()`` keeps its epoch and the indices processed by all ranks (united across the gang),
     ``restore()`` and ``sync()`` load them into it, and it re-shards what is left of the epoch.
+    A value that is a learning-rate scheduler (``torch.optim.lr_scheduler``, as Horovod's state
+    handlers take) stays the same object too: its ``state_dict()`` is committed, restored and
+    given to every rank from rank 0.
+
+    Steps lost to a rollback (:meth:`steps_lost`): the optimizer's ``step()`` calls since the last
+    commit when there were any, else the rule of the user values (``step``, ``batch``,
+    ``steps``; see :class:`~peloton.collective.elastic.State`).
     """
 
     def __init__(
@@ -637,14 +652,44 @@ class TorchState(State):
     ) -> None:
         self.model = model
         self.optimizer = optimizer
+        self._optimizer_steps = 0  # optimizer steps since the last commit (or restore)
+        if optimizer is not None:
+            self._count_optimizer_steps(optimizer)
         self._samplers = {k: v for k, v in values.items() if isinstance(v, ElasticSampler)}
         self._samplers_saved: dict[str, dict[str, Any]] = {}
-        for k, v in self._samplers.items():
+        self._schedulers = {k: v for k, v in values.items() if _is_lr_scheduler(v)}
+        self._schedulers_saved: dict[str, dict[str, Any]] = {}
+        for k, v in (self._samplers | self._schedulers).items():
             setattr(self, k, v)
-        super().__init__(**{k: v for k, v in values.items() if k not in self._samplers})
+        kept = self._samplers.keys() | self._schedulers.keys()
+        super().__init__(**{k: v for k, v in values.items() if k not in kept})
+
+    def _count_optimizer_steps(self, optimizer: torch.optim.Optimizer) -> None:
+        def count(*_: Any) -> None:
+            self._optimizer_steps += 1
+
+        register = getattr(optimizer, "register_step_post_hook", None)
+        if register is not None:
+            register(count)
+            return
+        # An older torch: wrap this optimizer's step itself.
+        step = optimizer.step
+
+        def counted_step(*args: Any, **kwargs: Any) -> Any:
+            result = step(*args, **kwargs)
+            count()
+            return result
+
+        optimizer.step = counted_step  # type: ignore[method-assign]
+
+    def steps_lost(self) -> int:
+        """Optimizer steps since the last commit if there were any, else the user values' rule
+        (see :class:`~peloton.collective.elastic.State`)."""
+        return self._optimizer_steps if self._optimizer_steps > 0 else super().steps_lost()
 
     def save(self) -> None:
         super().save()
+        self._optimizer_steps = 0
         self._model_saved = (
             copy.deepcopy(self.model.state_dict()) if self.model is not None else None
         )
@@ -652,6 +697,9 @@ class TorchState(State):
             copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
         )
         self._samplers_saved = {k: self._gang_sampler_state(s) for k, s in self._samplers.items()}
+        self._schedulers_saved = {
+            k: copy.deepcopy(s.state_dict()) for k, s in self._schedulers.items()
+        }
 
     def restore(self) -> None:
         super().restore()
@@ -663,6 +711,9 @@ class TorchState(State):
             self.optimizer.load_state_dict(self._optimizer_saved)
         for k, s in self._samplers.items():
             s.load_state_dict(self._samplers_saved[k])
+        for k, sched in self._schedulers.items():
+            sched.load_state_dict(copy.deepcopy(self._schedulers_saved[k]))
+        self._optimizer_steps = 0
 
     def sync(self) -> None:
         if self.model is not None:
@@ -671,6 +722,8 @@ class TorchState(State):
             broadcast_optimizer_state(self.optimizer, root_rank=0)
         for s in self._samplers.values():
             s.load_state_dict(broadcast_object(self._gang_sampler_state(s)))
+        for sched in self._schedulers.values():
+            sched.load_state_dict(broadcast_object(sched.state_dict()))
         super().sync()
 
     @staticmethod

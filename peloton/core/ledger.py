@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Protocol
 
 from peloton.core.pools import PoolConfig
-from peloton.core.records import JobRecord, TaskUpdate
+from peloton.core.records import EventRecord, JobRecord, TaskRecord, TaskUpdate
 from peloton.core.states import TaskState
 
 
@@ -60,9 +60,11 @@ class SchedulingLedger(Protocol):
         """Fail a job's PENDING tasks: their gang can never be admitted."""
         ...
 
-    def preempt(self, job_id: str, message: str) -> JobRecord:
+    def preempt(self, job_id: str, message: str, count: int = 0) -> JobRecord:
         """Take a job's admitted tasks back: unlaunched ones return to PENDING, launched ones
-        are killed (PREEMPTING) and start a new PENDING attempt once they have ended."""
+        are killed (PREEMPTING) and start a new PENDING attempt once they have ended.
+        ``count`` > 0: shrink an elastic gang by that many tasks (unlaunched ones first, then
+        those of the highest instances), not the whole gang."""
         ...
 
     def requeue_placements(self) -> list[str]:
@@ -124,4 +126,22 @@ class PoolStore(Protocol):
 
     def unfinished_jobs_by_pool(self) -> dict[str, int]:
         """How many jobs that have not ended each pool holds (pools with none left out)."""
+        ...
+
+
+class GenerationLedger(Protocol):
+    """What elastic gangs' rendezvous endpoints need: a job, its tasks' attempts (why a rank
+    left), and each new generation recorded."""
+
+    def get_job(self, job_id: str) -> JobRecord:
+        """One job (NotFound if it does not exist)."""
+        ...
+
+    def get_task(self, job_id: str, instance_id: int) -> tuple[TaskRecord, list[EventRecord]]:
+        """A task with its attempt history, and its newest events."""
+        ...
+
+    def record_generation(self, job_id: str, generation: int, size: int, message: str) -> None:
+        """Store an elastic gang's new generation and size with a job event saying ``message``
+        (older generations reported late are ignored)."""
         ...

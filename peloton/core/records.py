@@ -39,6 +39,9 @@ class JobRecord:
     # Gang failures so far, and when a restarted gang may be admitted again (backoff).
     gang_failures: int = 0
     not_before: datetime | None = None
+    # Elastic gangs: the generation of the gang's membership and its size then (0: none yet).
+    generation: int = 0
+    gang_size: int = 0
 
     @property
     def terminal(self) -> bool:

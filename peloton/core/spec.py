@@ -26,6 +26,7 @@ DEFAULT_POOL = "/default"
 DEFAULT_MAX_FAILURES = 3
 DEFAULT_BACKOFF_SECONDS = 30
 DEFAULT_KILL_GRACE_SECONDS = 30
+DEFAULT_ELASTIC_TIMEOUT_SECONDS = 60
 
 MAX_INSTANCES = 100_000
 MAX_NAME = 255
@@ -51,6 +52,7 @@ MAX_PORTS = 16
 MAX_FAILURES = 100
 MAX_BACKOFF_SECONDS = 86_400
 MAX_KILL_GRACE_SECONDS = 3_600
+MAX_ELASTIC_TIMEOUT_SECONDS = 3_600
 MAX_RUNTIME_SECONDS = 365 * 86_400
 # A spec file nests a few levels; deeper YAML would exhaust the parser's recursion.
 MAX_YAML_DEPTH = 32
@@ -193,8 +195,12 @@ def with_defaults(spec: job_pb2.JobSpec) -> job_pb2.JobSpec:
     out.CopyFrom(spec)
     if not out.pool:
         out.pool = DEFAULT_POOL
+    if out.gang.max_instances and out.instances == 0:
+        out.instances = out.gang.max_instances
     if out.gang.min_instances == 0:
-        out.gang.min_instances = out.instances
+        out.gang.min_instances = 1 if out.gang.max_instances else out.instances
+    if out.gang.max_instances and out.gang.elastic_timeout_seconds == 0:
+        out.gang.elastic_timeout_seconds = DEFAULT_ELASTIC_TIMEOUT_SECONDS
     if not out.restart.HasField("max_failures"):
         out.restart.max_failures = DEFAULT_MAX_FAILURES
     if not out.restart.HasField("backoff_seconds"):
@@ -218,6 +224,7 @@ def validate_job_spec(spec: job_pb2.JobSpec) -> None:
         raise InvalidArgument("instances", "must be at least 1")
     if spec.instances > MAX_INSTANCES:
         raise InvalidArgument("instances", f"must be at most {MAX_INSTANCES}")
+    _check_elastic(spec)
     if spec.gang.min_instances > spec.instances:
         raise InvalidArgument(
             "gang.min_instances",
@@ -239,6 +246,31 @@ def validate_job_spec(spec: job_pb2.JobSpec) -> None:
     if spec.placement and spec.placement not in PLACEMENTS:
         raise InvalidArgument(
             "placement", f"unknown placement {spec.placement!r}; use {' or '.join(PLACEMENTS)}"
+        )
+
+
+def _check_elastic(spec: job_pb2.JobSpec) -> None:
+    gang = spec.gang
+    if not gang.max_instances:
+        if gang.elastic_timeout_seconds:
+            raise InvalidArgument(
+                "gang.elastic_timeout_seconds", "applies only to elastic gangs (gang.max_instances)"
+            )
+        return
+    if gang.max_instances != spec.instances:
+        raise InvalidArgument(
+            "gang.max_instances",
+            f"is {gang.max_instances} but instances is {spec.instances}: an elastic gang's "
+            "instances is its maximum; leave instances out or make them equal",
+        )
+    if gang.min_instances > gang.max_instances:
+        raise InvalidArgument(
+            "gang.min_instances",
+            f"is {gang.min_instances}, more than gang.max_instances ({gang.max_instances})",
+        )
+    if gang.elastic_timeout_seconds > MAX_ELASTIC_TIMEOUT_SECONDS:
+        raise InvalidArgument(
+            "gang.elastic_timeout_seconds", f"must be at most {MAX_ELASTIC_TIMEOUT_SECONDS}"
         )
 
 
@@ -406,5 +438,12 @@ def _check_ports(ports: Any) -> None:
 
 
 def is_gang(spec: job_pb2.JobSpec) -> bool:
-    """Whether the job's tasks live and die together."""
-    return spec.gang.min_instances > 1
+    """Whether the job's tasks live and die together (an elastic gang: its first
+    ``min_instances``; the rest come and go)."""
+    return spec.gang.min_instances > 1 or is_elastic(spec)
+
+
+def is_elastic(spec: job_pb2.JobSpec) -> bool:
+    """Whether the job is an elastic gang: any size from ``min_instances`` to
+    ``max_instances``."""
+    return spec.gang.max_instances > 0

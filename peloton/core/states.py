@@ -124,12 +124,15 @@ def check_job_transition(current: JobState, target: JobState) -> None:
         raise FailedPrecondition(f"job state {current} cannot change to {target}")
 
 
-def derive_job_state(counts: Mapping[TaskState, int], goal: Goal) -> JobState:
+def derive_job_state(
+    counts: Mapping[TaskState, int], goal: Goal, *, elastic: bool = False
+) -> JobState:
     """A job's state from how many of its tasks are in each state, and the job's goal.
 
-    - every task ended: KILLED if the job was killed; otherwise FAILED if a task failed or was
-      lost (a failed gang's other tasks are killed: the job still failed), KILLED if a task was
-      killed, else SUCCEEDED;
+    - every task ended: KILLED if the job was killed; SUCCEEDED for an elastic gang of which a
+      task succeeded (its training finished; slots it never grew into are killed, ranks it lost
+      on the way failed); otherwise FAILED if a task failed or was lost (a failed gang's other
+      tasks are killed: the job still failed), KILLED if a task was killed, else SUCCEEDED;
     - some task still going: KILLING if the job is being killed, RUNNING if any task has been
       launched or has already ended, otherwise PENDING.
     """
@@ -138,6 +141,8 @@ def derive_job_state(counts: Mapping[TaskState, int], goal: Goal) -> JobState:
     if total > 0 and ended == total:
         if goal is Goal.KILL:
             return J.KILLED
+        if elastic and counts.get(T.SUCCEEDED, 0) > 0:
+            return J.SUCCEEDED
         if counts.get(T.FAILED, 0) + counts.get(T.LOST, 0) > 0:
             return J.FAILED
         return J.KILLED if counts.get(T.KILLED, 0) > 0 else J.SUCCEEDED

@@ -32,6 +32,8 @@ PREEMPTED = "preempted"
 MAX_RUNTIME = "max_runtime_exceeded"
 # Reason of tasks no set of the cluster's hosts could ever hold.
 UNPLACEABLE = "unplaceable"
+# Reason of the job event of an elastic gang's new generation.
+RESIZED = "resized"
 
 
 class Lifecycle(Part):
@@ -255,31 +257,79 @@ class Lifecycle(Part):
         log.info("job gang infeasible", extra={"job_id": job_id, "reason": message})
         return job
 
-    def preempt(self, job_id: str, message: str) -> JobRecord:
-        """Take a job's admitted tasks back as a whole: unlaunched ones return to PENDING at
-        once; launched ones are killed (PREEMPTING: SIGTERM, the job's grace, SIGKILL) and start
-        a new PENDING attempt when they have ended. The job is requeued, not failed."""
+    def preempt(self, job_id: str, message: str, count: int = 0) -> JobRecord:
+        """Take a job's admitted tasks back: unlaunched ones return to PENDING at once;
+        launched ones are killed (PREEMPTING: SIGTERM, the job's grace, SIGKILL) and start a new
+        PENDING attempt when they have ended. The job is requeued, not failed.
+
+        ``count`` > 0 shrinks an elastic gang by that many tasks instead of taking the whole
+        gang: unlaunched ones first, then the running ones of the highest instances (the gang's
+        first ranks, which hold its state, stay)."""
         with self._ctx.job(job_id) as work:
+            unlaunched = {TaskState.READY, TaskState.PLACING, TaskState.PLACED}
+            running = TASK_ACTIVE - {TaskState.KILLING, TaskState.PREEMPTING}
+            back: Sequence[int] | None = None
+            stop: Sequence[int] | None = None
+            if count:
+                back = _highest(work.instances(unlaunched), count)
+                stop = _highest(work.instances(running), count - len(back))
             work.move(
-                {TaskState.READY, TaskState.PLACING, TaskState.PLACED},
+                unlaunched,
                 TaskState.PENDING,
                 reason=PREEMPTED,
                 message=message,
                 goal=Goal.RUN,
+                instances=back,
             )
+            before = set(work.attempts({TaskState.PREEMPTING}))
             work.move(
-                TASK_ACTIVE - {TaskState.KILLING, TaskState.PREEMPTING},
+                running,
                 TaskState.PREEMPTING,
                 reason=PREEMPTED,
                 message=message,
                 goal=Goal.RESTART,
+                instances=stop,
             )
             to_kill = work.attempts({TaskState.PREEMPTING})
+            drained = [a for a in to_kill if a not in before]
             work.derive(reason=PREEMPTED, message=message)
             job = work.record()
+        if count and self._ctx.elastic is not None:
+            # Before the kill: the ranks hear it from their endpoint and commit, then leave.
+            self._ctx.elastic.drain(job_id, drained, message)
         self._done(work, to_kill)
-        log.info("job preempted", extra={"job_id": job_id, "reason": message})
+        log.info(
+            "job preempted",
+            extra={"job_id": job_id, "reason": message, "tasks": count or "all"},
+        )
         return job
+
+    def record_generation(self, job_id: str, generation: int, size: int, message: str) -> None:
+        """An elastic gang's membership changed: store its generation and size, with a job
+        event (reason ``resized``, ``message`` saying how and why) that `job watch` shows."""
+        with self._ctx.job(job_id) as work:
+            if generation <= work.row.generation:
+                return  # an older generation reported late
+            work.note(generation=generation, gang_size=size)
+            repo.insert_events(
+                work.session,
+                [
+                    {
+                        "job_id": job_id,
+                        "instance_id": None,
+                        "time": work.now,
+                        "from_state": work.state.value,
+                        "to_state": work.state.value,
+                        "reason": RESIZED,
+                        "message": message,
+                    }
+                ],
+            )
+        self._ctx.events.publish(job_id)
+        log.info(
+            "elastic gang resized",
+            extra={"job_id": job_id, "generation": generation, "size": size, "why": message},
+        )
 
     def requeue_placements(self) -> list[str]:
         """Send tasks caught between placement and launch (PLACING, PLACED) back to READY, for a
@@ -302,3 +352,8 @@ class Lifecycle(Part):
     def _done(self, work: UnitOfWork, to_kill: Sequence[str]) -> None:
         """After the commit: tell who must know, stopping ``to_kill`` within the job's grace."""
         self._ctx.after_commit(work.job_id, to_kill, work.grace() if to_kill else 0)
+
+
+def _highest(instances: Sequence[int], count: int) -> tuple[int, ...]:
+    """The ``count`` highest of ``instances``."""
+    return tuple(sorted(instances)[::-1][: max(0, count)])

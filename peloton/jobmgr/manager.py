@@ -34,7 +34,7 @@ from peloton.jobmgr.reads import (
     Reads,
 )
 from peloton.jobmgr.updates import TaskUpdates
-from peloton.jobmgr.work import Clock, Context, Scheduler, TaskKiller, utcnow
+from peloton.jobmgr.work import Clock, Context, ElasticGangs, Scheduler, TaskKiller, utcnow
 from peloton.storage.db import Database
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "PREEMPTED",
     "UNPLACEABLE",
     "Clock",
+    "ElasticGangs",
     "JobManager",
     "Scheduler",
     "TaskKiller",
@@ -77,3 +78,6 @@ class JobManager(Lifecycle, TaskUpdates, Reads):
 
     def set_scheduler(self, scheduler: Scheduler) -> None:
         self._ctx.scheduler = scheduler
+
+    def set_elastic(self, elastic: ElasticGangs) -> None:
+        self._ctx.elastic = elastic

@@ -6,6 +6,12 @@ no more than ``restart.max_failures`` times, every task starts a new attempt onc
 ``restart.backoff_seconds`` have passed; the next failure fails the job with the reason of the
 failure that ended it. A job of independent tasks (``gang.min_instances`` 1) restarts only the
 failed task, each task with its own count of failures.
+
+An elastic gang (``gang.max_instances`` set) that keeps at least ``min_instances`` running tasks
+after a failure shrinks instead: its survivors go on (the runtime re-forms them from their last
+commit) and the failed tasks start new attempts after the backoff, as tasks the gang may grow
+back into (each within its own ``restart.max_failures``). Below its minimum it is a gang failure
+as above.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from peloton.core.spec import is_gang
+from peloton.core.spec import is_elastic, is_gang
 from peloton.core.states import TaskState
 from peloton.v1 import job_pb2
 
@@ -28,6 +34,7 @@ class Action(enum.Enum):
     RESTART_GANG = "restart_gang"  # kill the rest, new attempts of every task after the backoff
     FAIL_GANG = "fail_gang"  # kill the rest; the job fails
     RESTART_TASKS = "restart_tasks"  # new attempts of the failed tasks still within their limit
+    SHRINK = "shrink"  # an elastic gang goes on without them; they restart like RESTART_TASKS
 
 
 @dataclass(frozen=True)
@@ -68,14 +75,26 @@ def plan(
     failures: Sequence[Failure],
     task_failures: Mapping[int, int],
     now: datetime,
+    running: int = 0,
 ) -> Plan:
     """What to do about ``failures`` (reported together) of a job whose gang failed
     ``gang_failures`` times before; ``task_failures`` counts each failed task's failures,
-    these included."""
+    these included; ``running``: the job's tasks still running after them (elastic gangs)."""
     cause = cause_of(failures)
     limit = spec.restart.max_failures
     backoff = spec.restart.backoff_seconds
     after = now + timedelta(seconds=backoff)
+    least = spec.gang.min_instances
+    if is_elastic(spec) and running >= least:
+        restart = _within(failures, task_failures, limit)
+        return Plan(
+            Action.SHRINK,
+            cause,
+            f"{cause.describe()}; the elastic gang goes on with {running} tasks (at least "
+            f"{least}); {len(restart)} of {len(failures)} failed tasks may rejoin in {backoff} s",
+            restart=restart,
+            not_before=after if restart else None,
+        )
     if is_gang(spec):
         n = gang_failures + 1
         if n <= limit:
@@ -91,8 +110,7 @@ def plan(
             cause,
             f"{cause.describe()}; the gang failed {n} times (restart.max_failures is {limit})",
         )
-    within = (f.instance_id for f in failures if task_failures[f.instance_id] <= limit)
-    restart = tuple(sorted(within))
+    restart = _within(failures, task_failures, limit)
     return Plan(
         Action.RESTART_TASKS,
         cause,
@@ -101,3 +119,10 @@ def plan(
         restart=restart,
         not_before=after if restart else None,
     )
+
+
+def _within(
+    failures: Sequence[Failure], task_failures: Mapping[int, int], limit: int
+) -> tuple[int, ...]:
+    """The failed instances still within ``restart.max_failures`` of their own."""
+    return tuple(sorted(f.instance_id for f in failures if task_failures[f.instance_id] <= limit))

@@ -9,7 +9,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from peloton.core.records import JobRecord, TaskUpdate, attempt_id
+from peloton.core.spec import is_elastic
 from peloton.core.states import (
+    TASK_ACTIVE,
     TASK_TERMINAL,
     TASK_UNLAUNCHED,
     Goal,
@@ -23,6 +25,11 @@ from peloton.storage import jobs as repo
 from peloton.storage.models import TaskRow
 
 log = logging.getLogger(__name__)
+
+# Reason of an elastic gang's tasks that were still waiting to start when it finished.
+GANG_FINISHED = "gang_finished"
+# Tasks that run and are meant to go on running (not on their way out).
+RUNNING = TASK_ACTIVE - {TaskState.PREEMPTING, TaskState.KILLING}
 
 
 class TaskUpdates(Part):
@@ -38,6 +45,7 @@ class TaskUpdates(Part):
             tasks = repo.task_rows(work.session, job_id, (u.instance_id for u in updates))
             events: list[dict[str, object]] = []
             failures: list[restarts.Failure] = []
+            gone: list[str] = []  # their attempts
             for u in updates:
                 task = tasks.get(u.instance_id)
                 if task is None:
@@ -55,20 +63,28 @@ class TaskUpdates(Part):
                     continue
                 if task.goal == Goal.RUN and u.state in FAILURES and u.state != task.state:
                     failures.append(restarts.Failure(u.instance_id, u.state, u.reason, u.message))
+                    gone.append(attempt_id(job_id, u.instance_id, u.attempt))
                 events.extend(_apply(work, task, u))
             repo.insert_events(work.session, events)
             to_kill: list[str] = []
             grace = 0
             plan: restarts.Plan | None = None
-            if failures and work.goal == Goal.RUN:
-                spec = work.spec()
+            spec = work.spec()
+            finished = is_elastic(spec) and work.counts.get(TaskState.SUCCEEDED, 0) > 0
+            if finished:
+                _finish_elastic(work, updates, tasks)
+            elif failures and work.goal == Goal.RUN:
                 grace = spec.preemption.kill_grace_seconds
+                running = sum(n for s, n in work.counts.items() if s in RUNNING)
                 plan = restarts.plan(
-                    spec, work.row.gang_failures, failures, _failures_of(tasks), work.now
+                    spec, work.row.gang_failures, failures, _failures_of(tasks), work.now, running
                 )
                 to_kill = _after_failures(work, plan)
             work.derive()
             job = work.record()
+        if plan is not None and plan.action is restarts.Action.SHRINK and self._ctx.elastic:
+            # The gang's endpoint may not have seen them go (a lost host keeps its sockets).
+            self._ctx.elastic.drain(job_id, gone, plan.message)
         self._ctx.after_commit(job_id, to_kill, grace)
         if plan is not None:
             if plan.action is restarts.Action.RESTART_GANG:
@@ -80,10 +96,28 @@ class TaskUpdates(Part):
         return job
 
 
+def _finish_elastic(
+    work: UnitOfWork, updates: Sequence[TaskUpdate], tasks: Mapping[int, TaskRow]
+) -> None:
+    """An elastic gang's task succeeded: its training is over (the gang's ranks end together),
+    so the tasks it has not grown into yet are killed; ranks still running end on their own
+    (the rendezvous endpoint tells latecomers the gang finished)."""
+    done = [u.instance_id for u in updates if u.state == TaskState.SUCCEEDED]
+    if not done or not work.counts.keys() & TASK_UNLAUNCHED:
+        return
+    work.move(
+        TASK_UNLAUNCHED,
+        TaskState.KILLED,
+        reason=GANG_FINISHED,
+        message=f"the elastic gang finished (instance {min(done)} succeeded)",
+        goal=Goal.KILL,
+    )
+
+
 def _after_failures(work: UnitOfWork, plan: restarts.Plan) -> list[str]:
     """Carry out a :func:`restarts.plan` for failures just written; returns the attempts to
     kill (the rest of a failed gang)."""
-    if plan.action is restarts.Action.RESTART_TASKS:
+    if plan.action in (restarts.Action.RESTART_TASKS, restarts.Action.SHRINK):
         if plan.restart:
             work.renew(
                 FAILURES,

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from peloton.core.records import JobRecord, attempt_id
+from peloton.core.spec import is_elastic
 from peloton.core.states import (
     TASK_ACTIVE,
     TASK_TERMINAL,
@@ -57,6 +58,15 @@ class TaskKiller(Protocol):
     def kill(self, attempt_ids: Sequence[str], grace_seconds: int) -> None: ...
 
 
+class ElasticGangs(Protocol):
+    """Where elastic gangs learn their membership (the daemon's rendezvous endpoints)."""
+
+    def drain(self, job_id: str, attempt_ids: Sequence[str], why: str) -> None:
+        """The gang is shrunk: these ranks leave it at their next commit (they are then
+        stopped within the job's kill grace)."""
+        ...
+
+
 class Scheduler(Protocol):
     """The resource manager, as the job manager sees it."""
 
@@ -79,6 +89,7 @@ class UnitOfWork:
         self.job_id: str = row.id
         self.now = now
         self.counts = repo.counts_of(row)
+        self._spec: job_pb2.JobSpec | None = None
 
     @property
     def state(self) -> JobState:
@@ -89,7 +100,10 @@ class UnitOfWork:
         return Goal(self.row.goal)
 
     def spec(self) -> job_pb2.JobSpec:
-        return repo.spec_from_bytes(self.row.spec)
+        # A job's spec never changes: parsed once per unit of work.
+        if self._spec is None:
+            self._spec = repo.spec_from_bytes(self.row.spec)
+        return self._spec
 
     def grace(self) -> int:
         """The job's kill grace: how long a stopped task gets between SIGTERM and SIGKILL."""
@@ -151,6 +165,10 @@ class UnitOfWork:
         """Change the goal of the job's tasks in ``states``, not their state."""
         repo.set_goal(self.session, self.job_id, states, goal, now=self.now)
 
+    def instances(self, states: Iterable[TaskState]) -> tuple[int, ...]:
+        """The instance ids of the job's tasks in ``states``, ascending."""
+        return tuple(sorted(repo.attempts_in(self.session, self.job_id, states)))
+
     def attempts(self, states: Iterable[TaskState]) -> list[str]:
         """The current attempts of the job's tasks in ``states``."""
         found = repo.attempts_in(self.session, self.job_id, states)
@@ -183,7 +201,7 @@ class UnitOfWork:
         self.note(task_counts=repo.counts_to_json(self.counts))
         new_goal = goal or self.goal
         old = self.state
-        new = derive_job_state(self.counts, new_goal)
+        new = derive_job_state(self.counts, new_goal, elastic=is_elastic(self.spec()))
         if new == old and new_goal == self.goal:
             return
         check_job_transition(old, new)
@@ -251,6 +269,7 @@ class Context:
     events: EventBus = field(default_factory=EventBus)
     metrics: JobMetrics = field(default_factory=JobMetrics)
     scheduler: Scheduler | None = None
+    elastic: ElasticGangs | None = None
 
     @contextmanager
     def job(self, job_id: str) -> Iterator[UnitOfWork]:

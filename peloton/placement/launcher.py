@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
@@ -32,10 +32,12 @@ from peloton.core.ledger import LaunchLedger
 from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError, executor_id, take_ports
 from peloton.core.records import TaskUpdate, attempt_id
 from peloton.core.resources import ZERO, Resources
+from peloton.core.spec import is_elastic
 from peloton.core.states import TaskState
 from peloton.errors import PelotonError
 from peloton.placement import engine
 from peloton.placement.metrics import HOST_TAKEN, INFEASIBLE, LAUNCH, NO_FIT, PlacementMetrics
+from peloton.v1 import job_pb2
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,14 @@ class Hosts(Protocol):
     def set_demand(self, demand: bool) -> None: ...
 
 
+class Rendezvous(Protocol):
+    """Where the tasks of elastic gangs learn their membership (the daemon's endpoints)."""
+
+    def task_env(self, job_id: str, spec: job_pb2.JobSpec) -> Mapping[str, str]:
+        """The variables pointing a task of ``job_id`` at its gang's rendezvous endpoint."""
+        ...
+
+
 class _NotPlaced(Exception):
     """The gang goes back to the resource manager with this reason (``kind``: the metric
     label)."""
@@ -82,10 +92,13 @@ class Launcher:
         *,
         metrics: PlacementMetrics | None = None,
         workers: int = 1,
+        rendezvous: Rendezvous | None = None,
     ) -> None:
         """``workers``: gangs recorded and launched at once (more than one only where the
-        database takes concurrent writers)."""
+        database takes concurrent writers). ``rendezvous``: the endpoints elastic gangs' tasks
+        are pointed at."""
         self._source = source
+        self._rendezvous = rendezvous
         self._hosts = hosts
         self._jobs = jobs
         self._interval = interval
@@ -280,6 +293,9 @@ class Launcher:
         peers = [f"{address[h]}:{p[0]}" for h, p in zip(hosts, ports, strict=True)]
         by_host: dict[str, list[LaunchTask]] = {}
         container = container_launch(gang.spec.task)
+        elastic: Mapping[str, str] = {}
+        if is_elastic(gang.spec) and self._rendezvous is not None:
+            elastic = self._rendezvous.task_env(gang.job_id, gang.spec)
         for rank, (instance, host) in enumerate(zip(gang.instances, hosts, strict=True)):
             task_id = attempt_id(gang.job_id, instance, attempts[instance])
             gang_env = GangEnv.at(
@@ -292,7 +308,7 @@ class Launcher:
                 attempt_id=task_id,
                 ports=tuple(zip(names, ports[rank][1:], strict=True)),
             )
-            env = dict(gang.spec.task.env) | gang_env.to_env()
+            env = {**gang.spec.task.env, **gang_env.to_env(), **elastic}
             by_host.setdefault(host, []).append(
                 LaunchTask(
                     task_id=task_id,

@@ -32,7 +32,7 @@ from peloton.core.ledger import PoolStore, SchedulingLedger
 from peloton.core.pools import DEFAULT_POOL, ROOT, Policy, PoolConfig
 from peloton.core.records import JobRecord
 from peloton.core.resources import KINDS, ZERO, Resources, describe
-from peloton.core.spec import is_gang
+from peloton.core.spec import is_elastic, is_gang
 from peloton.core.states import Goal, JobState, TaskState
 from peloton.errors import InvalidArgument, NotFound
 from peloton.resmgr import admission, conservation, preemption
@@ -106,7 +106,18 @@ class JobView:
         not_before = self.job.not_before
         if not_before is not None and not_before.timestamp() > now:
             return True
-        return self.ending > 0 and is_gang(self.job.spec)
+        # An elastic gang that still runs its minimum grows while some of it is being stopped.
+        return self.ending > 0 and is_gang(self.job.spec) and self.spare < 0
+
+    @property
+    def spare(self) -> int:
+        """Elastic gangs: how many running tasks it has above its minimum (what a shrink may
+        take); -1 for other gangs, and for an elastic one below its minimum."""
+        if not is_elastic(self.job.spec):
+            return -1
+        running = self.holding - self.ending
+        least = self.job.spec.gang.min_instances
+        return running - least if running >= least else -1
 
 
 @dataclass(frozen=True)
@@ -488,20 +499,24 @@ class ResourceManager:
         return out
 
     def _queues(self) -> dict[str, list[Waiting]]:
-        """Every pool's waiting gangs (in no particular order)."""
+        """Every pool's waiting gangs (in no particular order). An elastic gang's tasks above
+        its minimum (growth) queue after every other gang of their priority: growth takes only
+        capacity no waiting gang wants, so it never delays one."""
         out: dict[str, list[Waiting]] = {}
         now = self._clock()
         for view in self._views.values():
             if not view.pending or view.job.goal == Goal.KILL or view.waits(now):
                 continue
             queue = out.setdefault(view.pool, [])
+            # The first queued gang brings the gang to its minimum, unless it runs it already.
+            growth = (0 if view.spare >= 0 else 1) if is_elastic(view.job.spec) else math.inf
             for i, size in enumerate(view.gang_sizes()):
                 queue.append(
                     Waiting(
                         key=view.job.id,
                         priority=view.job.spec.priority,
                         preemptible=view.preemptible,
-                        submitted_at=view.pending_since,
+                        submitted_at=math.inf if i >= growth else view.pending_since,
                         seq=view.seq * 1_000_000 + i,
                         size=size,
                         total=view.per_task.scale(size),
@@ -578,6 +593,8 @@ class ResourceManager:
                 admitted_at=v.admitted_at,
                 seq=v.seq,
                 total=v.per_task.scale(v.holding - v.ending),
+                per_task=v.per_task,
+                spare=max(0, v.spare),
             )
             for v in self._views.values()
             if v.holding > v.ending and v.job.goal != Goal.KILL
@@ -616,14 +633,32 @@ class ResourceManager:
     def _preempt(self, victims: Sequence[preemption.Victim], cause: str) -> None:
         for victim in victims:
             job_id = victim.gang.key
-            self._jobs.preempt(job_id, victim.message)
+            self._jobs.preempt(job_id, victim.message, victim.tasks)
             self.metrics.preemptions.labels(victim.gang.pool, cause).inc()
             self._admitted = deque(g for g in self._admitted if g.job_id != job_id)
+            if victim.tasks:
+                self._readmit_ready(job_id)
             log.info(
-                "gang preempted",
-                extra={"job_id": job_id, "pool": victim.gang.pool, "reason": victim.message},
+                "gang shrunk" if victim.tasks else "gang preempted",
+                extra={
+                    "job_id": job_id,
+                    "pool": victim.gang.pool,
+                    "tasks": victim.tasks or "all",
+                    "reason": victim.message,
+                },
             )
         self._refresh_dirty()
+
+    def _readmit_ready(self, job_id: str) -> None:
+        """A shrunk elastic gang keeps its admitted tasks that the shrink left READY: they go
+        back to placement as one gang."""
+        view = self._views.get(job_id)
+        ready = self._jobs.instances(job_id, {TaskState.READY})
+        if view is not None and ready:
+            at = datetime.fromtimestamp(view.pending_since, UTC)
+            self._admitted.append(
+                Gang.of_job(job_id, view.job.spec, ready, at, admitted_at=view.admitted_at)
+            )
 
     # ---------------------------------------------------------------- status
 

@@ -11,6 +11,8 @@ Two cases, both whole gangs only, both only when the waiting gang then fits:
 
 Victims are ordered lowest priority first, then youngest (most recently admitted) first, and
 taken one by one until the waiting gang fits; none are taken if it would still not fit.
+Elastic gangs are shrunk before any whole gang is taken: first the tasks they run above their
+minimum (only as many as the waiting gang needs), in the same order; then whole gangs.
 
 **No ping-pong (hysteresis).** A gang must have waited a whole cycle before it can preempt
 (``min_wait``), so a transient shortage never kills work. The beneficiary is admitted only within
@@ -23,6 +25,7 @@ Pure: no I/O; times are given.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -43,17 +46,54 @@ class Running:
     admitted_at: float
     seq: int  # submission order: later is younger when admitted together
     total: Resources
+    # Elastic gangs: what one task holds, and how many run above the gang's minimum.
+    per_task: Resources = ZERO
+    spare: int = 0
 
 
 @dataclass(frozen=True)
 class Victim:
     gang: Running
     message: str
+    # Tasks taken from an elastic gang that shrinks; 0: the whole gang.
+    tasks: int = 0
 
 
 def victim_order(gangs: Iterable[Running]) -> list[Running]:
     """Lowest priority first, then youngest first."""
     return sorted(gangs, key=lambda g: (g.priority, -g.admitted_at, -g.seq))
+
+
+def _takes(gangs: Iterable[Running]) -> list[tuple[Running, bool]]:
+    """What may be taken, in the order it is: each elastic gang's tasks above its minimum
+    (``True``: a shrink), then whole gangs."""
+    ordered = victim_order(gangs)
+    return [(g, True) for g in ordered if g.spare] + [(g, False) for g in ordered]
+
+
+def _take(gang: Running, shrink: bool, left: Resources, taken: Resources) -> tuple[int, Resources]:
+    """How many tasks a take of ``gang`` stops (0: the whole gang) and what it frees, given
+    what is still ``left`` to free and what was ``taken`` from the gang already."""
+    if not shrink:
+        return 0, gang.total - taken
+    n = _needed(gang, left)
+    return n, gang.per_task.scale(n)
+
+
+def _needed(gang: Running, left: Resources) -> int:
+    """How many of ``gang``'s spare tasks cover ``left`` (all of them if they cannot)."""
+    counts = [
+        math.ceil(left.get(k) / gang.per_task.get(k) - EPSILON)
+        for k in KINDS
+        if left.get(k) > EPSILON and gang.per_task.get(k) > EPSILON
+    ]
+    return min(gang.spare, max(counts)) if counts else 0
+
+
+def _merge(victims: list[Victim]) -> list[Victim]:
+    """One victim per gang: a gang shrunk and then taken whole is taken whole."""
+    whole = {v.gang.key for v in victims if not v.tasks}
+    return [v for v in victims if not v.tasks or v.gang.key not in whole]
 
 
 def reclaim(
@@ -70,29 +110,33 @@ def reclaim(
     alloc = dict(allocation)
     victims: list[Victim] = []
     left = short
-    for gang in victim_order(g for g in running if g.preemptible and g.pool != pool):
+    taken: dict[str, Resources] = {}  # freed so far per gang (a shrink, then maybe the rest)
+    for gang, shrink in _takes(g for g in running if g.preemptible and g.pool != pool):
         if not _still_short(left, lacking):
             break
+        tasks, frees = _take(gang, shrink, left, taken.get(gang.key, ZERO))
         over = alloc.get(gang.pool, ZERO) - entitlement.get(gang.pool, ZERO)
         # Take only what the pool borrows, in a kind the waiting gang lacks.
         useful = [
             k
             for k in lacking
-            if left.get(k) > EPSILON and gang.total.get(k) > EPSILON and over.get(k) > EPSILON
+            if left.get(k) > EPSILON and frees.get(k) > EPSILON and over.get(k) > EPSILON
         ]
         if not useful:
             continue
-        alloc[gang.pool] = alloc.get(gang.pool, ZERO) - gang.total
-        left = left - gang.total
+        alloc[gang.pool] = alloc.get(gang.pool, ZERO) - frees
+        left = left - frees
+        taken[gang.key] = taken.get(gang.key, ZERO) + frees
         victims.append(
             Victim(
                 gang,
                 f"pool {gang.pool} borrowed {useful[0]} above its entitlement "
                 f"{_amount(entitlement[gang.pool], useful[0])}; pool {pool} reclaims it for job "
                 f"{waiting.key} (needs {describe(waiting.total)})",
+                tasks,
             )
         )
-    return victims if not _still_short(left, lacking) else []
+    return _merge(victims) if not _still_short(left, lacking) else []
 
 
 def by_priority(
@@ -105,21 +149,25 @@ def by_priority(
     ]
     victims: list[Victim] = []
     left = short
-    for gang in victim_order(candidates):
+    taken: dict[str, Resources] = {}
+    for gang, shrink in _takes(candidates):
         if not _still_short(left, lacking):
             break
-        if not any(gang.total.get(k) > EPSILON for k in lacking if left.get(k) > EPSILON):
+        tasks, frees = _take(gang, shrink, left, taken.get(gang.key, ZERO))
+        if not any(frees.get(k) > EPSILON for k in lacking if left.get(k) > EPSILON):
             continue
-        left = left - gang.total
+        left = left - frees
+        taken[gang.key] = taken.get(gang.key, ZERO) + frees
         victims.append(
             Victim(
                 gang,
                 f"job {waiting.key} of priority {waiting.priority} needs "
                 f"{describe(waiting.total)} in pool {pool}; this job has priority "
                 f"{gang.priority}",
+                tasks,
             )
         )
-    return victims if not _still_short(left, lacking) else []
+    return _merge(victims) if not _still_short(left, lacking) else []
 
 
 def shortage(need: Resources, available: Resources) -> Resources:

@@ -139,6 +139,8 @@ def job_record(row: JobRow | Row[Any]) -> JobRecord:
         task_counts=counts_of(row),
         gang_failures=row.gang_failures or 0,
         not_before=row.not_before,
+        generation=row.generation or 0,
+        gang_size=row.gang_size or 0,
     )
 
 

@@ -96,6 +96,10 @@ class JobRow(Base):
     not_before: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # When the job must be stopped (first start + max_runtime_seconds); None: no limit.
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Elastic gangs: the generation of the gang's membership and the number of ranks in it
+    # (0 and 0 until the first generation forms, and for fixed gangs).
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    gang_size: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (
         Index("ix_jobs_created", "created_at", "id"),

@@ -295,16 +295,31 @@ class GangSpec(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MIN_INSTANCES_FIELD_NUMBER: _builtins.int
+    MAX_INSTANCES_FIELD_NUMBER: _builtins.int
+    ELASTIC_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     min_instances: _builtins.int
-    """Tasks that must start together; 0 means all instances."""
+    """Tasks that must start together; 0 means all instances (for an elastic gang: 1)."""
+    max_instances: _builtins.int
+    """Set: an elastic gang, which runs with any number of tasks from min_instances to
+    max_instances: admitted and started when min_instances fit, grown into free capacity,
+    shrunk (not killed) when capacity is taken back or a task is lost. instances is then the
+    maximum: leave it 0 or make it equal. Its ranks learn each membership from the daemon's
+    rendezvous endpoint (PELOTON_RENDEZVOUS); see peloton.collective.elastic. 0: a fixed gang.
+    """
+    elastic_timeout_seconds: _builtins.int
+    """Elastic gangs: how long, in seconds, a rank waits for a generation of at least
+    min_instances ranks before it gives up and fails (and with it the gang). 0 means 60.
+    """
     def __init__(
         self,
         *,
         min_instances: _builtins.int = ...,
+        max_instances: _builtins.int = ...,
+        elastic_timeout_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["min_instances", b"min_instances"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elastic_timeout_seconds", b"elastic_timeout_seconds", "max_instances", b"max_instances", "min_instances", b"min_instances"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -482,6 +497,7 @@ class Job(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     TASK_STATES_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    ELASTIC_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: Global___JobState.ValueType
     reason: _builtins.str
@@ -499,6 +515,10 @@ class Job(_message.Message):
     def task_states(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskStateCount]:
         """How many tasks are in each state."""
 
+    @_builtins.property
+    def elastic(self) -> Global___ElasticStatus:
+        """Elastic gangs only (spec.gang.max_instances set): the gang's current membership."""
+
     def __init__(
         self,
         *,
@@ -511,14 +531,47 @@ class Job(_message.Message):
         message: _builtins.str = ...,
         task_states: _abc.Iterable[Global___TaskStateCount] | None = ...,
         version: _builtins.int = ...,
+        elastic: Global___ElasticStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "spec", b"spec", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "elastic", b"elastic", "spec", b"spec", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "job_id", b"job_id", "message", b"message", "reason", b"reason", "spec", b"spec", "state", b"state", "task_states", b"task_states", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "elastic", b"elastic", "job_id", b"job_id", "message", b"message", "reason", b"reason", "spec", b"spec", "state", b"state", "task_states", b"task_states", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
+
+@_typing.final
+class ElasticStatus(_message.Message):
+    """Where an elastic gang stands: its bounds, its size now and its generation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MIN_INSTANCES_FIELD_NUMBER: _builtins.int
+    MAX_INSTANCES_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    min_instances: _builtins.int
+    max_instances: _builtins.int
+    size: _builtins.int
+    """Ranks in the current generation (0 until the first forms)."""
+    generation: _builtins.int
+    """+1 at every change of the gang's membership (0 until the first forms)."""
+    def __init__(
+        self,
+        *,
+        min_instances: _builtins.int = ...,
+        max_instances: _builtins.int = ...,
+        size: _builtins.int = ...,
+        generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "max_instances", b"max_instances", "min_instances", b"min_instances", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElasticStatus: _TypeAlias = ElasticStatus  # noqa: Y015
 
 @_typing.final
 class Attempt(_message.Message):

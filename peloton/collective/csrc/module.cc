@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "nccl_comm.h"
+#include "net.h"
 #include "runtime.h"
 
 namespace py = pybind11;
@@ -47,6 +48,8 @@ PYBIND11_MODULE(_core, m) {
     return py::make_tuple(ok, why);
   });
   m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); });
+  m.def("end_generation", &end_generation, py::arg("generation"),
+        "Ranks still connecting for this generation (or an earlier one) give up at once.");
 #ifdef PELOTON_HAVE_NCCL_H
   m.attr("NCCL_HEADERS") = true;
 #else

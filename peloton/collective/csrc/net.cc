@@ -1,5 +1,8 @@
 #include "net.h"
 
+#include <algorithm>
+#include <atomic>
+
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstring>
@@ -90,7 +93,27 @@ int listen_on(const std::string& host, int port) {
   return fd;
 }
 
-int connect_to(const std::string& host, int port, Clock::time_point deadline, int peer) {
+namespace {
+
+// The generation that ended last (elastic gangs). Exactly that one: a process may take part in
+// several gangs one after another (whose numbers need not increase), and a rank only ever
+// connects for the generation it joined last.
+std::atomic<int64_t> g_ended{-1};
+// How often a wait for peers checks whether its generation ended.
+constexpr auto kGenerationPoll = std::chrono::milliseconds(50);
+
+void check_generation(uint32_t generation) {
+  if (generation > 0 && g_ended.load() == static_cast<int64_t>(generation)) {
+    throw CollectiveError("generation " + std::to_string(generation) +
+                          " ended while this rank was connecting to its peers: re-join the gang");
+  }
+}
+
+}  // namespace
+
+void end_generation(uint32_t generation) { g_ended.store(generation); }
+
+int connect_to(const std::string& host, int port, Clock::time_point deadline, int peer, uint32_t generation) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
@@ -105,6 +128,7 @@ int connect_to(const std::string& host, int port, Clock::time_point deadline, in
   ::freeaddrinfo(res);
   std::string last = "no attempt";
   while (Clock::now() < deadline) {
+    check_generation(generation);
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) throw CollectiveError(errno_str("socket"));
     if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
@@ -116,13 +140,19 @@ int connect_to(const std::string& host, int port, Clock::time_point deadline, in
                             std::to_string(port) + " (" + last + ")");
 }
 
-int accept_until(int listen_fd, Clock::time_point deadline) {
-  while (wait_fd(listen_fd, POLLIN, deadline)) {
+int accept_until(int listen_fd, Clock::time_point deadline, uint32_t generation) {
+  for (;;) {
+    check_generation(generation);
+    // In slices, so that a generation that ends is noticed while waiting.
+    const auto slice = generation > 0 ? std::min(deadline, Clock::now() + kGenerationPoll) : deadline;
+    if (!wait_fd(listen_fd, POLLIN, slice)) {
+      if (Clock::now() >= deadline) return -1;
+      continue;
+    }
     const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd >= 0) return fd;
     if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) throw CollectiveError(errno_str("accept"));
   }
-  return -1;
 }
 
 void tune_socket(int fd) {

@@ -15,11 +15,17 @@ namespace peloton {
 // caller owns the returned fd.
 int listen_on(const std::string& host, int port);
 
-// Connects to host:port, retrying refused connections until `deadline` (peers start in any order).
-int connect_to(const std::string& host, int port, Clock::time_point deadline, int peer);
+// Connects to host:port, retrying refused connections until `deadline` (peers start in any order);
+// gives up at once (CollectiveError) when `generation` ends meanwhile (see end_generation).
+int connect_to(const std::string& host, int port, Clock::time_point deadline, int peer, uint32_t generation = 0);
 
-// Accepts one connection before `deadline`; returns -1 when it passes.
-int accept_until(int listen_fd, Clock::time_point deadline);
+// Accepts one connection before `deadline`; returns -1 when it passes. Gives up like connect_to.
+int accept_until(int listen_fd, Clock::time_point deadline, uint32_t generation = 0);
+
+// Elastic gangs: the membership of `generation` ended, say a member died while the others were
+// still connecting. A rank connecting for that generation stops waiting for its peers (which may
+// never come) and raises, so it can re-join the next one at once.
+void end_generation(uint32_t generation);
 
 // TCP_NODELAY, 4 MiB buffers, O_NONBLOCK: latency and bandwidth both matter here.
 void tune_socket(int fd);

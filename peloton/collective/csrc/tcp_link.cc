@@ -55,20 +55,21 @@ void connect_mesh(TcpMesh& mesh, int rank, int size, const std::vector<std::stri
   try {
     // Lower ranks are dialled (their listen backlog completes the connect), higher ranks dial us.
     for (int j = 0; j < rank; ++j) {
-      const int fd = connect_to(hosts[static_cast<size_t>(j)], ports[static_cast<size_t>(j)], deadline, j);
+      const int fd =
+          connect_to(hosts[static_cast<size_t>(j)], ports[static_cast<size_t>(j)], deadline, j, generation);
       tune_socket(fd);
       mesh.data[static_cast<size_t>(j)] = fd;
       hello(fd, kData, j);
     }
     if (rank > 0) {
-      const int fd = connect_to(hosts[0], ports[0], deadline, 0);
+      const int fd = connect_to(hosts[0], ports[0], deadline, 0, generation);
       tune_socket(fd);
       mesh.ctrl[0] = fd;
       hello(fd, kControl, 0);
     }
     int expected = (size - 1 - rank) + (rank == 0 ? size - 1 : 0);
     while (expected > 0) {
-      const int fd = accept_until(lfd, deadline);
+      const int fd = accept_until(lfd, deadline, generation);
       if (fd < 0) {
         std::vector<int> missing;
         for (int j = rank + 1; j < size; ++j) {

@@ -1,0 +1,2 @@
+"""The daemon's side of elastic gangs: their rendezvous endpoints (see
+:mod:`peloton.elastic.endpoints`)."""
