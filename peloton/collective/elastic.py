@@ -78,6 +78,7 @@ __all__ = [
     "State",
     "allgather_object",
     "broadcast_object",
+    "membership",
     "run",
     "wait_for_change",
 ]
@@ -177,6 +178,13 @@ class State:
         for k, v in broadcast_object(values).items():
             setattr(self, k, v)
         self.save()
+
+
+def membership() -> Membership | None:
+    """This worker's place in the gang now (generation, rank, members); None outside
+    :func:`run`."""
+    s = _session
+    return s.membership if s is not None else None
 
 
 def wait_for_change(timeout: float | None = None) -> bool:
