@@ -186,6 +186,7 @@ class Server:
             return
         from peloton.hostmgr.framework import HostManager, MesosSettings
         from peloton.hostmgr.metrics import HostmgrMetrics
+        from peloton.placement.check import HostsCheck
         from peloton.placement.launcher import Launcher
         from peloton.placement.metrics import PlacementMetrics
 
@@ -213,6 +214,7 @@ class Server:
         )
         self.hostmgr.add_offer_listener(self.launcher.wake)
         resmgr.add_admission_listener(self.launcher.wake)
+        resmgr.set_placement(HostsCheck(self.hostmgr))
 
     def _register_state_gauges(self, db: Database) -> None:
         def jobs() -> dict[str, int]:

@@ -243,3 +243,11 @@ def test_cli_pending_reason_in_job_get(server: Server, tmp_path: Path) -> None:
     assert "pool_entitlement - pool /default: gpu entitlement 8, allocated 6, gang needs 4" in (
         result.stdout
     )
+
+
+@pytest.mark.parametrize("policy", [pool_pb2.QUEUE_POLICY_BACKFILL, pool_pb2.QUEUE_POLICY_LAS])
+def test_the_placement_aware_queue_policies_are_kept(client: PelotonClient, policy: int) -> None:
+    s = spec("/planned", reservation=4)
+    s.queue_policy = policy  # type: ignore[assignment]
+    client.create_pool(s)
+    assert client.get_pool("/planned").spec.queue_policy == policy

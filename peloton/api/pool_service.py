@@ -26,10 +26,14 @@ _QUEUE = {
     pool_pb2.QUEUE_POLICY_UNSPECIFIED: QueuePolicy.PRIORITY_FIFO,
     pool_pb2.QUEUE_POLICY_PRIORITY_FIFO: QueuePolicy.PRIORITY_FIFO,
     pool_pb2.QUEUE_POLICY_FIFO: QueuePolicy.FIFO,
+    pool_pb2.QUEUE_POLICY_BACKFILL: QueuePolicy.BACKFILL,
+    pool_pb2.QUEUE_POLICY_LAS: QueuePolicy.LAS,
 }
 _QUEUE_PB = {
     QueuePolicy.PRIORITY_FIFO: pool_pb2.QUEUE_POLICY_PRIORITY_FIFO,
     QueuePolicy.FIFO: pool_pb2.QUEUE_POLICY_FIFO,
+    QueuePolicy.BACKFILL: pool_pb2.QUEUE_POLICY_BACKFILL,
+    QueuePolicy.LAS: pool_pb2.QUEUE_POLICY_LAS,
 }
 
 

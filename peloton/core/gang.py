@@ -7,7 +7,7 @@ host or none, hostmgr launches each host's share as one Mesos task group.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -101,3 +101,14 @@ class Placement:
 
     hosts: tuple[str, ...] | None
     reason: str = ""
+
+
+class PlacementCheck(Protocol):
+    """Whether the cluster's hosts hold gangs now (the placement engine on the host manager's
+    offers): what placement-aware admission asks before it admits a gang."""
+
+    def round(self, placed_first: Sequence[Gang]) -> Callable[[Gang], str | None]:
+        """A check for one admission cycle: it answers None for a gang that fits (its hosts are
+        then taken for the rest of the cycle) or why not, on the hosts as they are once
+        ``placed_first`` (admitted earlier, not yet placed) have taken theirs."""
+        ...

@@ -30,6 +30,10 @@ class QueuePolicy(enum.StrEnum):
 
     PRIORITY_FIFO = "PRIORITY_FIFO"  # higher priority first, then oldest first
     FIFO = "FIFO"  # oldest first, priority ignored
+    # Placement-aware, with a reservation for the first blocked gang (EASY backfill).
+    BACKFILL = "BACKFILL"
+    # Placement-aware, least attained service first (discretized, with a starvation guard).
+    LAS = "LAS"
 
 
 @dataclass(frozen=True)

@@ -486,6 +486,18 @@ class HostManager:
             )
         ]
 
+    def free_hosts(self) -> list[HostOffers]:
+        """Hosts that take placements now (up, not draining) with what peloton's tasks leave
+        free on them, offered or not: placement-aware admission asks these whether a gang
+        fits (offers come and go; what runs where does not). Every port is assumed free."""
+        return [
+            HostOffers(
+                v.record.hostname, v.record.agent_id, v.free, _ALL_PORTS, v.record.attributes
+            )
+            for v in self.hosts.list()
+            if v.record.state == HostState.UP
+        ]
+
     def lease(self, agent_id: str) -> Lease | None:
         return self.pool.lease(agent_id, self._now())
 

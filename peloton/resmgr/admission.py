@@ -25,7 +25,7 @@ gpu entitlement 8, allocated 6, gang needs 4``. Pure: no I/O, no clock (ages are
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -41,6 +41,8 @@ PENDING_ENTITLEMENT = "pool_entitlement"
 PENDING_RESERVATION = "pool_reservation"
 PENDING_CLUSTER = "cluster_capacity"
 PENDING_BEHIND = "queued_behind"
+PENDING_RESERVED = "reserved"
+PENDING_PLACEMENT = "placement"
 INFEASIBLE = "gang_infeasible"
 
 
@@ -55,6 +57,32 @@ class Waiting:
     seq: int
     size: int
     total: Resources
+    # GPU-seconds its job has run so far (least-attained-service pools order by it).
+    service: float = 0.0
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What the placement-aware policies (BACKFILL, LAS) know besides totals."""
+
+    now: float
+    # (expected end, what it frees) of every admitted gang; an end of inf: unknown.
+    ends: Sequence[tuple[float, Resources]] = ()
+    # Expected run seconds of waiting gangs, by job; left out: unknown.
+    runtimes: Mapping[str, float] = field(default_factory=dict)
+    # Whether the placement engine finds hosts for a gang now: None if it does (its hosts are
+    # then taken for the rest of the cycle), else why not. None: totals only.
+    place: Callable[[Waiting], str | None] | None = None
+
+
+@dataclass
+class _Reservation:
+    """The first gang that cannot start, and when it can: gangs behind it start now only if
+    they end by then or use only what it leaves spare."""
+
+    gang: Waiting
+    start: float  # inf: no running gang has an expected end
+    spare: Resources
 
 
 @dataclass(frozen=True)
@@ -111,11 +139,29 @@ class Decision:
     cluster_free: Resources = ZERO
 
 
-def order(queue: Sequence[Waiting], policy: QueuePolicy) -> list[Waiting]:
-    """The queue in admission order."""
+def order(queue: Sequence[Waiting], policy: QueuePolicy, now: float = 0.0) -> list[Waiting]:
+    """The queue in admission order (``now``: for the starvation guard of LAS)."""
     if policy is QueuePolicy.FIFO:
         return sorted(queue, key=lambda w: (w.submitted_at, w.seq))
+    if policy is QueuePolicy.LAS:
+        return sorted(queue, key=lambda w: (-w.priority, las_level(w, now), w.submitted_at, w.seq))
     return sorted(queue, key=lambda w: (-w.priority, w.submitted_at, w.seq))
+
+
+# Least attained service: the levels' upper bounds in GPU-seconds (1 and 10 GPU-hours), and how
+# many times its own run time a gang may wait before it is served at the first level again.
+LAS_LEVELS = (3_600.0, 36_000.0)
+LAS_STARVATION_FACTOR = 2.0
+LAS_STARVATION_MIN_SECONDS = 60.0
+
+
+def las_level(gang: Waiting, now: float) -> int:
+    """The gang's level: by its job's attained GPU-seconds, 0 once it has waited too long."""
+    gpus = max(gang.total.gpu, 1.0)
+    ran = gang.service / gpus
+    if now - gang.submitted_at >= max(LAS_STARVATION_MIN_SECONDS, LAS_STARVATION_FACTOR * ran):
+        return 0
+    return sum(1 for bound in LAS_LEVELS if gang.service >= bound)
 
 
 def infeasibility(gang: Waiting, room: Room, capacity: Resources | None) -> str | None:
@@ -151,18 +197,22 @@ def admit(
     capacity: Resources | None,
     no_hosts: str = NO_HOSTS_YET,
     lost: Sequence[LostHost] = (),
+    outlook: Outlook | None = None,
 ) -> Decision:
     """Admit what fits from ``queue`` (already in admission order) into ``room``.
 
     ``capacity`` is the cluster's total now, or None while no host has reported any (then every
     gang waits, with ``no_hosts`` as the message). ``lost``: hosts lost recently; a gang that
     fits the cluster only with them waits for them (holding nothing) instead of failing.
+    ``outlook``: admit as the BACKFILL and LAS pools do (see :func:`admit_backfill`).
     """
     decision = Decision(cluster_free=cluster_free)
     if capacity is None:
         for gang in queue:
             decision.pending[gang.key] = (PENDING_NO_HOSTS, no_hosts)
         return decision
+    if outlook is not None:
+        return admit_backfill(queue, room, cluster_free, capacity, lost, outlook)
     counted = capacity + lost_total(lost)
     allocation, np_allocation = room.allocation, room.np_allocation
     free = cluster_free
@@ -219,10 +269,13 @@ def admit_all(
     capacity: Resources | None,
     no_hosts: str = NO_HOSTS_YET,
     lost: Sequence[LostHost] = (),
+    outlooks: Mapping[str, Outlook] | None = None,
 ) -> tuple[dict[str, Decision], Resources]:
     """Admit into every leaf pool (``queues`` in admission order, ``rooms`` by pool), the pool
     using least of its entitlement first, so the most starved pool is first to the cluster's free
-    capacity. Returns each pool's decision, in the order served, and what is still free."""
+    capacity. ``outlooks``: the pools that admit as BACKFILL and LAS do, with what they know.
+    Returns each pool's decision, in the order served, and what is still free."""
+    outlooks = outlooks or {}
 
     def starvation(pool: str) -> float:
         alloc, ent = rooms[pool].allocation, rooms[pool].entitlement
@@ -231,10 +284,134 @@ def admit_all(
     decisions: dict[str, Decision] = {}
     free = cluster_free
     for pool in sorted(queues, key=lambda p: (starvation(p), p)):
-        decision = admit(queues[pool], rooms[pool], free, capacity, no_hosts, lost)
+        decision = admit(
+            queues[pool], rooms[pool], free, capacity, no_hosts, lost, outlooks.get(pool)
+        )
         decisions[pool] = decision
         free = decision.cluster_free
     return decisions, free
+
+
+def admit_backfill(
+    queue: Sequence[Waiting],
+    room: Room,
+    cluster_free: Resources,
+    capacity: Resources,
+    lost: Sequence[LostHost],
+    outlook: Outlook,
+) -> Decision:
+    """Admission of BACKFILL and LAS pools (EASY backfill, placement-aware).
+
+    A gang is admitted when it fits the pool's entitlement and the cluster's free capacity, as
+    everywhere, *and* the placement engine finds hosts for it now (so no admitted gang holds
+    capacity it cannot use). The first gang within its entitlement that cannot start gets a
+    reservation: the earliest time the running gangs' expected ends free what it needs (its
+    ``shadow`` time; placement-blocked gangs count on nothing free now). A gang behind it starts
+    now only if it is expected to end by then, or if it takes only what the reserved gang leaves
+    spare at that time — so backfilled gangs never delay the reservation. A gang whose run time
+    is unknown can only use the spare; with no expected end known at all, the reservation holds
+    what it needs, as reserve-ahead does.
+    """
+    decision = Decision(cluster_free=cluster_free)
+    counted = capacity + lost_total(lost)
+    allocation, np_allocation = room.allocation, room.np_allocation
+    free = cluster_free
+    reserved: _Reservation | None = None
+    for gang in queue:
+        why_never = infeasibility(gang, room, counted)
+        if why_never is not None:
+            decision.infeasible[gang.key] = (INFEASIBLE, why_never)
+            continue
+        if lost and not gang.total.fits_in(capacity):
+            decision.pending[gang.key] = (PENDING_CLUSTER, _waits_for_lost(gang, capacity, lost))
+            continue
+        pool_room = room.entitlement - allocation
+        available = _min(pool_room, free)
+        if not gang.preemptible:
+            available = _min(available, room.reservation - np_allocation)
+        unplaced = ""
+        if gang.total.fits_in(available):
+            ends_first = reserved is not None and _ends_first(gang, reserved, outlook)
+            if reserved is not None and not ends_first and not gang.total.fits_in(reserved.spare):
+                decision.pending[gang.key] = (PENDING_BEHIND, _behind(room, reserved))
+                continue
+            why = outlook.place(gang) if outlook.place is not None else None
+            if why is None:
+                decision.admitted.append(gang)
+                allocation, free = allocation + gang.total, free - gang.total
+                if not gang.preemptible:
+                    np_allocation = np_allocation + gang.total
+                if reserved is not None and not ends_first:
+                    reserved.spare = reserved.spare - gang.total  # still running at its start
+                continue
+            unplaced = why
+            decision.pending[gang.key] = (PENDING_PLACEMENT, f"placement: {why}")
+        else:
+            decision.pending[gang.key] = _why_waiting(gang, room, allocation, np_allocation, free)
+            if decision.pending[gang.key][0] == PENDING_ENTITLEMENT:
+                decision.over_entitlement.append(gang)
+            within_reservation = gang.preemptible or gang.total.fits_in(
+                room.reservation - np_allocation
+            )
+            if within_reservation and gang.total.fits_in(pool_room):
+                decision.starved.append(gang)
+        if reserved is None and gang.total.fits_in(room.entitlement):
+            reserved = _reserve(gang, available, outlook, placed_now=not unplaced)
+            decision.pending[gang.key] = (PENDING_RESERVED, _reserved(room, reserved, unplaced))
+    decision.cluster_free = free
+    return decision
+
+
+def _runtime(gang: Waiting, outlook: Outlook) -> float:
+    return outlook.runtimes.get(gang.key, math.inf)
+
+
+def _ends_first(gang: Waiting, reserved: _Reservation, outlook: Outlook) -> bool:
+    """Whether ``gang`` is expected to end by the reservation's start (then it may start now
+    whatever it takes; otherwise only within what the reserved gang leaves spare)."""
+    return outlook.now + _runtime(gang, outlook) <= reserved.start < math.inf
+
+
+def _reserve(
+    gang: Waiting, available: Resources, outlook: Outlook, placed_now: bool = True
+) -> _Reservation:
+    """When ``gang`` can start: the first expected end after which what is ``available`` now
+    plus what the gangs ended by then free covers it; what is spare at that time. A gang the
+    totals fit but the hosts do not (``placed_now`` False) can start no earlier than the first
+    expected end, when the hosts' picture changes."""
+    have = available
+    if placed_now and gang.total.fits_in(have):
+        return _Reservation(gang, outlook.now, (have - gang.total).clamp_min_zero())
+    for end, frees in sorted(outlook.ends, key=lambda e: e[0]):
+        if end == math.inf:
+            break
+        have = have + frees
+        if gang.total.fits_in(have):
+            return _Reservation(gang, max(end, outlook.now), (have - gang.total).clamp_min_zero())
+    return _Reservation(gang, math.inf, (have - gang.total).clamp_min_zero())
+
+
+def _reserved(room: Room, reserved: _Reservation, unplaced: str) -> str:
+    when = (
+        f"starts by {_time(datetime.fromtimestamp(reserved.start, UTC))}"
+        if reserved.start != math.inf
+        else "holds what it needs (no running gang has an expected end)"
+    )
+    why = f"; placement now: {unplaced}" if unplaced else ""
+    return f"pool {room.pool}: reserved: {when} (needs {describe(reserved.gang.total)}){why}"
+
+
+def _behind(room: Room, reserved: _Reservation) -> str:
+    g = reserved.gang
+    when = (
+        f"at {_time(datetime.fromtimestamp(reserved.start, UTC))}"
+        if reserved.start != math.inf
+        else "(no expected end known)"
+    )
+    return (
+        f"pool {room.pool}: would delay the reservation of job {g.key} "
+        f"(priority {g.priority}, needs {describe(g.total)}) {when}"
+    )
 
 
 def _passes(need: Resources, available: Resources, held: Resources) -> bool:

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from peloton.core.capacity import LostHost
-from peloton.core.gang import Gang
+from peloton.core.gang import Gang, PlacementCheck
 from peloton.core.ledger import PoolStore, SchedulingLedger
-from peloton.core.pools import DEFAULT_POOL, ROOT, Policy, PoolConfig
+from peloton.core.pools import DEFAULT_POOL, ROOT, Policy, PoolConfig, QueuePolicy
 from peloton.core.records import JobRecord
 from peloton.core.resources import KINDS, ZERO, Resources, describe
 from peloton.core.spec import is_elastic, is_gang
@@ -64,6 +64,8 @@ HOLDING = frozenset(
 ADMISSIONS_PER_CYCLE = 32
 # Cycles triggered by changes start at least this far apart.
 MIN_CYCLE_GAP_SECONDS = 0.1
+# How much a finished job's run time weighs in its name's expected run time.
+RUNTIME_WEIGHT = 0.5
 # Holding, but already on the way out: freed soon, and not worth preempting.
 ENDING = frozenset({TaskState.PREEMPTING, TaskState.KILLING})
 
@@ -81,6 +83,8 @@ class JobView:
     pending_since: float
     admitted_at: float
     seq: int
+    # GPU-seconds its tasks have held so far (least-attained-service pools order by it).
+    service: float = 0.0
 
     # A job's spec never changes: read once (every cycle asks for every job's).
     @functools.cached_property
@@ -161,10 +165,17 @@ class ResourceManager:
         clock: Callable[[], float] = time.time,
         cycle_seconds: float = 1.0,
         no_hosts: str = admission.NO_HOSTS_YET,
+        placement: PlacementCheck | None = None,
     ) -> None:
         """``pools``: where pool configurations are kept; ``jobs``: the job ledger every
         admission, failure and preemption is written through. ``no_hosts``: why gangs wait
-        while no host is known (e.g. no Mesos master)."""
+        while no host is known (e.g. no Mesos master). ``placement``: whether the cluster's
+        hosts hold a gang now, for the placement-aware pools (BACKFILL, LAS); without it they
+        admit on totals."""
+        self._placement = placement
+        # Expected run seconds of jobs, learned from the finished ones, by (pool, name).
+        self._runtimes: dict[tuple[str, str], float] = {}
+        self._service_at: float | None = None
         self._pools = pools
         self._no_hosts = no_hosts
         self._jobs = jobs
@@ -259,6 +270,10 @@ class ResourceManager:
         with self._wake:
             self._capacity, self._lost = total, tuple(lost)
             self._wake.notify_all()
+
+    def set_placement(self, placement: PlacementCheck) -> None:
+        """Where the placement-aware pools ask whether a gang fits the hosts now."""
+        self._placement = placement
 
     def job_changed(self, job_id: str) -> None:
         with self._wake:
@@ -382,8 +397,15 @@ class ResourceManager:
             conserved = self._entitlements(queues, usage, free)
             ents = conserved.usable
             rooms = {p: self._room(p, ents.entitlement.get(p, ZERO), usage) for p in queues}
+            self._account_service(now)
             decisions, free = admission.admit_all(
-                queues, rooms, free, self._capacity, self._no_hosts, self._lost
+                queues,
+                rooms,
+                free,
+                self._capacity,
+                self._no_hosts,
+                self._lost,
+                self._outlooks(queues, now),
             )
             self._explain(decisions.values())
             admitted = [(pool, g) for pool, d in decisions.items() for g in d.admitted]
@@ -417,6 +439,8 @@ class ResourceManager:
     def _refresh(self, job: JobRecord) -> bool:
         """Update a job's view; whether its queue, allocation, goal or backoff changed."""
         if job.terminal:
+            if job.state == JobState.SUCCEEDED and job.id in self._views:
+                self._learn(self._views[job.id], self._clock())
             self._forget(job.id)
             return True
         counts = job.task_counts
@@ -485,9 +509,10 @@ class ResourceManager:
         """Every leaf pool's waiting gangs in admission order; jobs queued in a pool that is no
         longer a leaf (deleted, or given children) fail."""
         out: dict[str, list[Waiting]] = {}
+        now = self._clock()
         for pool, queue in self._queues().items():
             if self._tree.is_leaf(pool):
-                out[pool] = admission.order(queue, self._tree.get(pool).queue_policy)
+                out[pool] = admission.order(queue, self._tree.get(pool).queue_policy, now)
                 continue
             why = (
                 f"pool {pool} no longer exists"
@@ -520,9 +545,77 @@ class ResourceManager:
                         seq=view.seq * 1_000_000 + i,
                         size=size,
                         total=view.per_task.scale(size),
+                        service=view.service,
                     )
                 )
         return out
+
+    # ---------------------------------------------------------------- what policies know
+
+    def _account_service(self, now: float) -> None:
+        """Add the GPU-seconds since the last cycle to each job's attained service."""
+        since, self._service_at = self._service_at, now
+        if since is None or now <= since:
+            return
+        for v in self._views.values():
+            running = v.holding - v.ending
+            if running > 0:
+                v.service += v.per_task.gpu * running * (now - since)
+
+    def _learn(self, view: JobView, now: float) -> None:
+        """A job succeeded: its run (admission to end) updates its name's expected run time."""
+        key = (view.pool, view.job.spec.name)
+        ran = max(0.0, now - view.admitted_at)
+        old = self._runtimes.get(key)
+        self._runtimes[key] = (
+            ran if old is None else RUNTIME_WEIGHT * ran + (1 - RUNTIME_WEIGHT) * old
+        )
+
+    def expected_runtime(self, view: JobView) -> float:
+        """A job's expected run seconds: its max_runtime_seconds, else what finished jobs of its
+        name in its pool took (an average weighted to the recent), else inf (unknown)."""
+        limit = view.job.spec.max_runtime_seconds
+        if limit:
+            return float(limit)
+        return self._runtimes.get((view.pool, view.job.spec.name), math.inf)
+
+    def _outlooks(
+        self, queues: Mapping[str, list[Waiting]], now: float
+    ) -> dict[str, admission.Outlook]:
+        """What each BACKFILL or LAS pool's admission knows: expected ends of the admitted
+        gangs, expected run times of the waiting ones, and placement now (shared: what one
+        pool's admissions take is gone for the next)."""
+        planned = [
+            p
+            for p in queues
+            if self._tree.get(p).queue_policy in (QueuePolicy.BACKFILL, QueuePolicy.LAS)
+        ]
+        if not planned:
+            return {}
+        ends = [
+            (v.admitted_at + self.expected_runtime(v), v.per_task.scale(v.holding - v.ending))
+            for v in self._views.values()
+            if v.holding > v.ending
+        ]
+        runtimes = {
+            w.key: self.expected_runtime(self._views[w.key]) for p in planned for w in queues[p]
+        }
+        place = self._place_now() if self._placement is not None else None
+        outlook = admission.Outlook(now, ends, runtimes, place)
+        return dict.fromkeys(planned, outlook)
+
+    def _place_now(self) -> Callable[[Waiting], str | None]:
+        """Placement on the hosts as they are now, once the gangs admitted earlier but not yet
+        placed have taken theirs."""
+        assert self._placement is not None
+        fits = self._placement.round(list(self._admitted))
+
+        def place(w: Waiting) -> str | None:
+            view = self._views[w.key]
+            at = datetime.fromtimestamp(view.pending_since, UTC)
+            return fits(Gang.of_job(w.key, view.job.spec, tuple(range(w.size)), at))
+
+        return place
 
     def _room(self, pool: str, entitlement: Resources, usage: Usage) -> Room:
         return Room.of(

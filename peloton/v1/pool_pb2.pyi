@@ -55,6 +55,17 @@ class _QueuePolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QueuePoli
     """Higher priority first, then oldest first."""
     QUEUE_POLICY_FIFO: _QueuePolicy.ValueType  # 2
     """Oldest first; priority ignored."""
+    QUEUE_POLICY_BACKFILL: _QueuePolicy.ValueType  # 3
+    """Higher priority first, then oldest first, admitted only where the placement engine finds
+    hosts now; the first gang that cannot start gets a reservation at the earliest time it can
+    (from the running gangs' expected ends), and gangs behind it start now only if they do not
+    delay it (EASY backfill).
+    """
+    QUEUE_POLICY_LAS: _QueuePolicy.ValueType  # 4
+    """For jobs that give no runtime: higher priority first, then the job that has had the least
+    GPU time (attained service, in discrete levels), then oldest first; a job waiting long for
+    its level is promoted (no starvation). Admitted only where placement finds hosts now.
+    """
 
 class QueuePolicy(_QueuePolicy, metaclass=_QueuePolicyEnumTypeWrapper): ...
 
@@ -64,6 +75,17 @@ QUEUE_POLICY_PRIORITY_FIFO: QueuePolicy.ValueType  # 1
 """Higher priority first, then oldest first."""
 QUEUE_POLICY_FIFO: QueuePolicy.ValueType  # 2
 """Oldest first; priority ignored."""
+QUEUE_POLICY_BACKFILL: QueuePolicy.ValueType  # 3
+"""Higher priority first, then oldest first, admitted only where the placement engine finds
+hosts now; the first gang that cannot start gets a reservation at the earliest time it can
+(from the running gangs' expected ends), and gangs behind it start now only if they do not
+delay it (EASY backfill).
+"""
+QUEUE_POLICY_LAS: QueuePolicy.ValueType  # 4
+"""For jobs that give no runtime: higher priority first, then the job that has had the least
+GPU time (attained service, in discrete levels), then oldest first; a job waiting long for
+its level is promoted (no starvation). Admitted only where placement finds hosts now.
+"""
 Global___QueuePolicy: _TypeAlias = QueuePolicy  # noqa: Y015
 
 @_typing.final
