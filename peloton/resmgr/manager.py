@@ -607,13 +607,17 @@ class ResourceManager:
     def _place_now(self) -> Callable[[Waiting], str | None]:
         """Placement on the hosts as they are now, once the gangs admitted earlier but not yet
         placed have taken theirs."""
-        assert self._placement is not None
-        fits = self._placement.round(list(self._admitted))
+        placement = self._placement
+        assert placement is not None
+        # Taken on the first question only: most cycles ask none (nothing fits the totals).
+        fits: list[Callable[[Gang], str | None]] = []
 
         def place(w: Waiting) -> str | None:
+            if not fits:
+                fits.append(placement.round(list(self._admitted)))
             view = self._views[w.key]
             at = datetime.fromtimestamp(view.pending_since, UTC)
-            return fits(Gang.of_job(w.key, view.job.spec, tuple(range(w.size)), at))
+            return fits[0](Gang.of_job(w.key, view.job.spec, tuple(range(w.size)), at))
 
         return place
 
