@@ -236,8 +236,9 @@ def test_streams_woken_together_share_one_read_but_never_one_older_than_their_wa
 
         def read() -> int:
             reads.append(hub.wakes("j"))
+            which = len(reads)  # numbered when it starts: a later read may start meanwhile
             release.wait(5)
-            return len(reads)
+            return which
 
         with hub.open("j", "ipv4:10.0.0.1:1"):
             seen = hub.wakes("j")
