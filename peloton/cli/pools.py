@@ -11,33 +11,9 @@ import click
 from peloton.cli import output as out
 from peloton.cli.common import cli_error, connect, read_text_file
 from peloton.core.resources import KINDS
-from peloton.core.spec import check_pool_path, load_yaml, parse_message_dict
+from peloton.core.spec import check_pool_path, load_pool_spec_yaml
 from peloton.errors import InvalidArgument
 from peloton.v1 import pool_pb2
-
-
-def load_pool_spec_yaml(text: str) -> pool_pb2.PoolSpec:
-    """A pool spec from YAML; policies may be written ``static``/``elastic``, ``fifo``/
-    ``priority_fifo``. Unknown keys and wrong types raise InvalidArgument naming the key."""
-    data = load_yaml(text)
-    if not isinstance(data, dict):
-        raise InvalidArgument("spec", "must be a YAML mapping of pool fields")
-    resources = data.get("resources") or {}
-    if not isinstance(resources, dict):
-        raise InvalidArgument(
-            "resources", "must map a kind (cpu, mem_mb, disk_mb, gpu) to settings"
-        )
-    for settings in resources.values():
-        if isinstance(settings, dict) and isinstance(settings.get("policy"), str):
-            settings["policy"] = _enum_name("RESOURCE_POLICY_", settings["policy"])
-    if isinstance(data.get("queue_policy"), str):
-        data["queue_policy"] = _enum_name("QUEUE_POLICY_", data["queue_policy"])
-    return parse_message_dict(data, pool_pb2.PoolSpec())
-
-
-def _enum_name(prefix: str, value: str) -> str:
-    name = value.strip().upper()
-    return name if name.startswith(prefix) else prefix + name
 
 
 def _read(file: Path) -> pool_pb2.PoolSpec:

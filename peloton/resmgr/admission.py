@@ -218,6 +218,7 @@ def admit(
     free = cluster_free
     held = ZERO  # what the blocked gangs ahead still need
     blocker: Waiting | None = None
+    behind: tuple[str, str] | None = None  # the reason of gangs behind it (built once)
     for gang in queue:
         why_never = infeasibility(gang, room, counted)
         if why_never is not None:
@@ -231,12 +232,14 @@ def admit(
         if not gang.preemptible:
             available = _min(available, room.reservation - np_allocation)
         if blocker is not None and not _passes(gang.total, available, held):
-            decision.pending[gang.key] = (
-                PENDING_BEHIND,
-                f"pool {room.pool}: waiting behind job {blocker.key} "
-                f"(priority {blocker.priority}, needs {describe(blocker.total)}), "
-                f"which is first in line for what it needs",
-            )
+            if behind is None:
+                behind = (
+                    PENDING_BEHIND,
+                    f"pool {room.pool}: waiting behind job {blocker.key} "
+                    f"(priority {blocker.priority}, needs {describe(blocker.total)}), "
+                    f"which is first in line for what it needs",
+                )
+            decision.pending[gang.key] = behind
             continue
         if gang.total.fits_in(available):
             decision.admitted.append(gang)
@@ -417,9 +420,12 @@ def _behind(room: Room, reserved: _Reservation) -> str:
 def _passes(need: Resources, available: Resources, held: Resources) -> bool:
     """Whether a gang behind blocked ones may take ``need`` without delaying them: in every kind
     it uses, what is left after it still covers what they hold."""
-    return all(
-        need.get(k) <= EPSILON or need.get(k) <= available.get(k) - held.get(k) + EPSILON
-        for k in KINDS
+    e = EPSILON
+    return (
+        (need.cpu <= e or need.cpu <= available.cpu - held.cpu + e)
+        and (need.mem_mb <= e or need.mem_mb <= available.mem_mb - held.mem_mb + e)
+        and (need.disk_mb <= e or need.disk_mb <= available.disk_mb - held.disk_mb + e)
+        and (need.gpu <= e or need.gpu <= available.gpu - held.gpu + e)
     )
 
 
@@ -490,4 +496,6 @@ def _needs(short: list[tuple[str, float, float]], what: str) -> str:
 
 
 def _min(a: Resources, b: Resources) -> Resources:
-    return Resources(*(min(a.get(k), b.get(k)) for k in KINDS))
+    return Resources(
+        min(a.cpu, b.cpu), min(a.mem_mb, b.mem_mb), min(a.disk_mb, b.disk_mb), min(a.gpu, b.gpu)
+    )

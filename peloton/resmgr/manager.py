@@ -95,6 +95,25 @@ class JobView:
     def preemptible(self) -> bool:
         return self.job.spec.preemption.preemptible
 
+    @functools.cached_property
+    def _scaled(self) -> dict[int, Resources]:
+        return {}
+
+    def amount(self, tasks: int) -> Resources:
+        """``tasks`` of its tasks' resources (asked every cycle for the same few counts)."""
+        got = self._scaled.get(tasks)
+        if got is None:
+            got = self._scaled[tasks] = self.per_task.scale(tasks)
+        return got
+
+    def queued_gangs(self) -> int:
+        """len(gang_sizes()), without building the list."""
+        if self.pending <= 0:
+            return 0
+        running = self.holding - self.ending
+        first = min(self.pending, max(1, self.job.spec.gang.min_instances - running))
+        return 1 + self.pending - first
+
     def gang_sizes(self) -> list[int]:
         """How its PENDING tasks queue: the first ``gang.min_instances`` (less those already
         running) as one gang, the rest one task each. Default: all of them as one gang."""
@@ -134,23 +153,44 @@ class Usage:
 
     @classmethod
     def of(cls, views: Iterable[JobView]) -> Usage:
-        alloc: dict[str, Resources] = {}
-        np_alloc: dict[str, Resources] = {}
-        ending: dict[str, Resources] = {}
+        alloc, np_alloc, ending = _Sums(), _Sums(), _Sums()
         for v in views:
-            held = v.per_task.scale(v.holding)
-            alloc[v.pool] = alloc.get(v.pool, ZERO) + held
+            if not v.holding:
+                continue
+            held = v.amount(v.holding)
+            alloc.add(v.pool, held)
             if not v.preemptible:
-                np_alloc[v.pool] = np_alloc.get(v.pool, ZERO) + held
+                np_alloc.add(v.pool, held)
             if v.ending:
-                ending[v.pool] = ending.get(v.pool, ZERO) + v.per_task.scale(v.ending)
-        return cls(alloc, np_alloc, ending)
+                ending.add(v.pool, v.amount(v.ending))
+        return cls(alloc.resources(), np_alloc.resources(), ending.resources())
 
     def total(self) -> Resources:
         return sum(self.allocation.values(), ZERO)
 
     def total_ending(self) -> Resources:
         return sum(self.ending.values(), ZERO)
+
+
+class _Sums:
+    """Resources summed by pool as plain floats (a cycle sums every job's: building a Resources
+    for every partial sum was a large part of a cycle's cost)."""
+
+    def __init__(self) -> None:
+        self._by_pool: dict[str, list[float]] = {}
+
+    def add(self, pool: str, r: Resources) -> None:
+        s = self._by_pool.get(pool)
+        if s is None:
+            self._by_pool[pool] = [r.cpu, r.mem_mb, r.disk_mb, r.gpu]
+        else:
+            s[0] += r.cpu
+            s[1] += r.mem_mb
+            s[2] += r.disk_mb
+            s[3] += r.gpu
+
+    def resources(self) -> dict[str, Resources]:
+        return {pool: Resources(*s) for pool, s in self._by_pool.items()}
 
 
 class ResourceManager:
@@ -192,6 +232,9 @@ class ResourceManager:
         self._reasons: dict[str, tuple[str, str]] = {}  # last pending reason written, per job
         self._starved: set[str] = set()  # jobs starved for capacity in the previous cycle
         self._statuses: dict[str, PoolStatus] = {}
+        # The last cycle's entitlements; statuses are built from them when first read (metrics
+        # and the pool API read them far less often than cycles run).
+        self._conserved: Conserved | None = None
         # Changed jobs, told by the job manager; and gangs admitted but not yet placed.
         self._wake = threading.Condition()
         self._dirty: set[str] = set()
@@ -304,7 +347,7 @@ class ResourceManager:
             self._set_tree(tree)
             self.run_cycle()
             log.info("pool created", extra={"pool": config.path})
-            return self._statuses[config.path]
+            return self._current_statuses()[config.path]
 
     def update_pool(self, config: PoolConfig) -> PoolStatus:
         with self._lock:
@@ -313,7 +356,7 @@ class ResourceManager:
             self._set_tree(tree)
             self.run_cycle()
             log.info("pool updated", extra={"pool": config.path})
-            return self._statuses[config.path]
+            return self._current_statuses()[config.path]
 
     def delete_pool(self, path: str) -> None:
         with self._lock:
@@ -327,11 +370,11 @@ class ResourceManager:
         with self._lock:
             if path not in self._tree:
                 raise NotFound(f"pool {path} not found")
-            return self._statuses[path]
+            return self._current_statuses()[path]
 
     def statuses(self) -> Mapping[str, PoolStatus]:
         with self._lock:
-            return dict(self._statuses)
+            return dict(self._current_statuses())
 
     def _unfinished_by_pool(self) -> dict[str, int]:
         return self._pools.unfinished_jobs_by_pool()
@@ -418,7 +461,7 @@ class ResourceManager:
             self._starved = starved_now
             # Admission and preemption move tasks between queue and allocation; demand (their
             # sum) and so the entitlements stay as computed.
-            self._statuses = self._build_statuses(conserved)
+            self._conserved, self._statuses = conserved, {}
 
     def _refresh_dirty(self) -> bool:
         """Re-read the changed jobs; whether anything a cycle decides on changed."""
@@ -495,10 +538,10 @@ class ResourceManager:
     ) -> Conserved:
         """Fair and usable entitlements (see :mod:`peloton.resmgr.conservation`): demand is
         every job's holding and pending tasks, less the queued gangs their pool can't fit."""
-        demand: dict[str, Resources] = {}
+        sums = _Sums()
         for view in self._views.values():
-            amount = view.per_task.scale(view.pending + view.holding)
-            demand[view.pool] = demand.get(view.pool, ZERO) + amount
+            sums.add(view.pool, view.amount(view.pending + view.holding))
+        demand = sums.resources()
         capacity = self._capacity
         if capacity is None:  # nothing is admitted: no cluster yet
             return conservation.conserve(self._calculator, ZERO, demand, {}, {}, free)
@@ -544,7 +587,7 @@ class ResourceManager:
                         submitted_at=math.inf if i >= growth else view.pending_since,
                         seq=view.seq * 1_000_000 + i,
                         size=size,
-                        total=view.per_task.scale(size),
+                        total=view.amount(size),
                         service=view.service,
                     )
                 )
@@ -593,7 +636,7 @@ class ResourceManager:
         if not planned:
             return {}
         ends = [
-            (v.admitted_at + self.expected_runtime(v), v.per_task.scale(v.holding - v.ending))
+            (v.admitted_at + self.expected_runtime(v), v.amount(v.holding - v.ending))
             for v in self._views.values()
             if v.holding > v.ending
         ]
@@ -689,7 +732,7 @@ class ResourceManager:
                 preemptible=v.preemptible,
                 admitted_at=v.admitted_at,
                 seq=v.seq,
-                total=v.per_task.scale(v.holding - v.ending),
+                total=v.amount(v.holding - v.ending),
                 per_task=v.per_task,
                 spare=max(0, v.spare),
             )
@@ -703,6 +746,7 @@ class ResourceManager:
         """Preempt for the first gang of ``pool`` that may; returns the gangs waiting now, for
         the next cycle's hysteresis (a gang must have waited a whole cycle to preempt)."""
         waiting = decision.starved + decision.over_entitlement
+        running: list[preemption.Running] | None = None  # read once, when first needed
         held = {
             p: usage.allocation.get(p, ZERO) - usage.ending.get(p, ZERO) for p in self._tree.paths()
         }
@@ -712,7 +756,8 @@ class ResourceManager:
             short = preemption.shortage(gang.total, free + usage.total_ending())
             if short.is_zero():
                 break  # what is being freed already covers it
-            victims = preemption.reclaim(gang, pool, short, self._running(), held, ents.entitlement)
+            running = running if running is not None else self._running()
+            victims = preemption.reclaim(gang, pool, short, running, held, ents.entitlement)
             if victims:
                 self._preempt(victims, "reclaim")
                 return {g.key for g in waiting}
@@ -722,7 +767,8 @@ class ResourceManager:
             room = ents.entitlement.get(pool, ZERO) - held.get(pool, ZERO)
             short = preemption.shortage(gang.total, room)
             if not short.is_zero():
-                victims = preemption.by_priority(gang, pool, short, self._running())
+                running = running if running is not None else self._running()
+                victims = preemption.by_priority(gang, pool, short, running)
                 if victims:
                     self._preempt(victims, "priority")
         return {g.key for g in waiting}
@@ -759,14 +805,18 @@ class ResourceManager:
 
     # ---------------------------------------------------------------- status
 
+    def _current_statuses(self) -> dict[str, PoolStatus]:
+        """Every pool's status as of the last cycle's entitlements (the lock is held)."""
+        if not self._statuses and self._conserved is not None:
+            self._statuses = self._build_statuses(self._conserved)
+        return self._statuses
+
     def _build_statuses(self, conserved: Conserved) -> dict[str, PoolStatus]:
         alloc_leaf: dict[str, Resources] = {}
         queued: dict[str, int] = {}
         for view in self._views.values():
-            alloc_leaf[view.pool] = alloc_leaf.get(view.pool, ZERO) + view.per_task.scale(
-                view.holding
-            )
-            queued[view.pool] = queued.get(view.pool, 0) + len(view.gang_sizes())
+            alloc_leaf[view.pool] = alloc_leaf.get(view.pool, ZERO) + view.amount(view.holding)
+            queued[view.pool] = queued.get(view.pool, 0) + view.queued_gangs()
         out: dict[str, PoolStatus] = {}
         guaranteed = self._calculator.guarantees(self._capacity or ZERO)
         for path in reversed([p for p, _ in self._tree.walk(ROOT)]):
