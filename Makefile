@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 PROTOS := $(wildcard proto/peloton/v1/*.proto)
 STAMP  := $(VENV)/.installed
 
-.PHONY: help dev proto proto-check bundle images lint test test-mesos bench demo clean prometheus
+.PHONY: help dev proto proto-check bundle images lint test test-mesos bench demo demo-sim clean prometheus
 
 help:
 	@echo "make dev          virtualenv in $(VENV), editable install with dev tools, generated code"
@@ -16,6 +16,8 @@ help:
 	@echo "make bench        benchmarks (figures go in BENCHMARKS.md)"
 	@echo "make demo         a local cluster (2 agents x 2 GPUs) and a daemon on SQLite in .demo/: a pool"
 	@echo "                  tree, a 4-worker gang training with allreduce, its states, placement and loss"
+	@echo "make demo-sim     a small simulation (peloton simulate): 500 jobs on 64 GPUs under each queue"
+	@echo "                  policy, its summary table, and the plots' paths in .demo/sim/"
 	@echo "make proto        regenerate peloton/v1 from proto/"
 	@echo "make proto-check  fail if the committed generated code in peloton/v1 is stale"
 	@echo "make bundle       the collective runtime bundle for task containers in build/peloton-runtime"
@@ -98,6 +100,14 @@ bench: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m peloton.demo
+
+demo-sim: $(STAMP)
+	mkdir -p .demo/sim
+	$(BIN)/peloton simulate generate --jobs 500 --gpus 64 --load 0.9 --seed 1 -o .demo/sim/trace.csv
+	$(BIN)/peloton simulate run --trace .demo/sim/trace.csv --hosts 8 --gpus-per-host 8 --racks 2 \
+	    --policy priority_fifo --policy backfill --policy las --policy baseline-backfill \
+	    --json .demo/sim/sim.json --plots .demo/sim/plots
+	@ls .demo/sim/plots/*.png
 
 clean:
 	rm -rf $(VENV) .demo .bench .pytest_cache .mypy_cache .ruff_cache .hypothesis peloton.egg-info

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -208,3 +209,24 @@ def test_help_lists_the_policies() -> None:
     assert "PRIORITY_FIFO, FIFO" in text
     assert "baseline-backfill" in text
     assert "starves" in text
+
+
+def test_the_readme_simulation_runs_as_written(tmp_path: Path) -> None:
+    """README's "Simulating queue policies" block, typed into bash in an empty directory."""
+    pytest.importorskip("matplotlib")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("\n## Simulating queue policies\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    done = subprocess.run(
+        ["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "baseline-backfill (baseline)" in done.stdout, done.stdout
+    data = json.loads((tmp_path / "sim.json").read_text())
+    runs = data["runs"] if isinstance(data, dict) and "runs" in data else data
+    assert [r["policy"] for r in runs] == ["PRIORITY_FIFO", "BACKFILL", "LAS", "baseline-backfill"]
+    assert sorted(p.suffix for p in (tmp_path / "sim-plots").iterdir()) and all(
+        p.suffix == ".png" for p in (tmp_path / "sim-plots").iterdir()
+    )
