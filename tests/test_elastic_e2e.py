@@ -21,7 +21,6 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -35,7 +34,6 @@ from daemon import (
     start_minicluster,
     wait_for,
 )
-from test_collective_horovod_elastic import committed_batches
 
 from peloton.client import PelotonClient
 from peloton.minicluster import AgentSpec, Minicluster
@@ -507,50 +505,3 @@ def test_an_elastic_gang_below_its_minimum_fails_with_a_reason(
     assert "no generation of at least min=2 workers formed within 3 s" in log, log
     elapsed = time.monotonic() - started
     assert elapsed < 20, elapsed
-
-
-HOROVOD_SCRIPT = Path(__file__).with_name("horovod_elastic_train.py")
-HOROVOD_SAMPLES = 240
-
-
-def stdout_of(p: Peloton, job_id: str, instance: int, attempt: int = 0) -> str:
-    """A task's stdout (of ``attempt``; default: the latest), read from its agent."""
-    data, offset = b"", 0
-    while True:
-        piece = p.client.get_task_logs(job_id, instance, offset=offset, attempt=attempt)
-        if not piece.data:
-            return data.decode(errors="replace")
-        data += piece.data
-        offset = piece.offset + len(piece.data)
-
-
-def test_a_horovod_elastic_script_runs_as_an_elastic_gang_with_only_its_import_changed(
-    peloton: Peloton, out: Path
-) -> None:
-    """tests/horovod_elastic_train.py, written as Horovod's elastic examples are (hvd.init(),
-    hvd.elastic.run, TorchState with an ElasticSampler, reset callbacks), as the command of an
-    elastic job: it trains each epoch's samples exactly once across however many ranks the gang
-    had, and succeeds."""
-    command = (
-        f"exec {sys.executable} {HOROVOD_SCRIPT} --out {out} --samples {HOROVOD_SAMPLES} --epochs 2"
-    )
-    # min = max: the gang starts whole and keeps its size (growth in the middle of an epoch is
-    # covered by the test above; with the ElasticSampler it once lost samples, see the note).
-    job_id = peloton.client.create_job(spec("horovod-elastic", command, elastic=(3, 3))).job_id
-    job = peloton.wait_done(job_id, timeout=120)
-    assert job.state == job_pb2.JOB_STATE_SUCCEEDED, peloton.describe(job_id)
-    # Each task's log, its lines tagged with its instance as peloton-run tags them with a rank.
-    logs = {i: stdout_of(peloton, job_id, i) for i in range(3)}
-    tagged = "\n".join(f"[{i}] {line}" for i, log in logs.items() for line in log.splitlines())
-    seen: dict[int, Counter[int]] = {0: Counter(), 1: Counter()}
-    for i in logs:
-        for epoch, index in committed_batches(tagged, str(i)):
-            seen[epoch].update(index)
-    for epoch, counts in seen.items():
-        assert counts == Counter(range(HOROVOD_SAMPLES)), (epoch, counts, logs)
-    assert re.search(r"^final epoch 2$", logs[0], re.M), logs[0]
-    watched = run_peloton("job", "watch", job_id, server=peloton.proc.address)
-    assert watched.returncode == 0, watched.stderr
-    assert re.search(r"job +started with [23] ranks \(generation 1\)", watched.stdout), (
-        watched.stdout
-    )
