@@ -1,16 +1,23 @@
 """An elastic training script written the way Horovod's PyTorch elastic examples are (the
 elastic mnist / imagenet scripts), with the one line that makes it peloton's: the ``hvd`` import.
 
-Run by tests/test_collective_horovod_elastic.py under ``peloton-run --elastic``. Each rank prints
-``batch <epoch> <index>...`` for every batch it trained on, ``committed`` after every commit and
-``reset <size>`` after every re-form, so the test can tell which batches a restore rolled back.
+Run by tests/test_collective_horovod_elastic.py under ``peloton-run --elastic`` and by
+tests/test_elastic_e2e.py as a scheduled elastic gang. Each rank prints ``batch <epoch> <batch>
+<index>...`` for every batch it trained on, ``committed`` after every commit it returned from and
+``reset <size> lr <lr> at <epoch> <batch>`` after every re-form (the position the gang goes on
+from: the last commit after a failure, the kept state after a membership change, which a commit
+that raised HostsUpdatedInterrupt had saved), so the test can tell which batches' updates were
+kept.
 With ``--kill-after-batch K`` the rank that started as rank 2 SIGKILLs itself after the commit
-at batch K of epoch 0. At the end every rank saves its weights to ``--out``/rank<R>.pt.
+at batch K of epoch 0. With ``--gate FILE --gate-at K`` rank 0 waits for FILE before batch K of
+epoch 0 (the gang can grow meanwhile, and re-forms at the next commit: in the middle of the epoch).
+At the end every rank saves its weights to ``--out``/rank<R>.pt.
 """
 
 import argparse
 import os
 import signal
+import time
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +32,10 @@ parser.add_argument("--batch-size", type=int, default=2, help="per-rank batch si
 parser.add_argument("--batches-per-commit", type=int, default=2)
 parser.add_argument("--kill-after-batch", type=int, default=-1)
 parser.add_argument("--base-lr", type=float, default=0.01)
+parser.add_argument(
+    "--gate", help="before batch --gate-at of epoch 0, rank 0 waits until this file exists"
+)
+parser.add_argument("--gate-at", type=int, default=0)
 args = parser.parse_args()
 
 torch.manual_seed(42)
@@ -53,11 +64,15 @@ def train(state):
     """One epoch over what the sampler has left of it."""
     model.train()
     for batch_idx, (index, data, target) in enumerate(train_loader):
+        if args.gate and hvd.rank() == 0 and state.epoch == 0 and state.batch == args.gate_at:
+            while not os.path.exists(args.gate):  # a test's hook: the gang grows meanwhile
+                time.sleep(0.05)
         optimizer.zero_grad()
         loss = F.cross_entropy(model(data), target)
         loss.backward()
         optimizer.step()
-        print(f"batch {state.epoch} {' '.join(str(int(i)) for i in index)}", flush=True)
+        indices = " ".join(str(int(i)) for i in index)
+        print(f"batch {state.epoch} {state.batch} {indices}", flush=True)
         # Elastic Horovod: record which samples were processed this batch
         # so we do not reprocess them if a reset event occurs.
         state.train_sampler.record_batch(batch_idx, args.batch_size)
@@ -89,7 +104,8 @@ def full_train(state):
 def on_state_reset():
     for param_group in optimizer.param_groups:
         param_group["lr"] = args.base_lr * hvd.size()
-    print(f"reset {hvd.size()} lr {optimizer.param_groups[0]['lr']:g}", flush=True)
+    lr = optimizer.param_groups[0]["lr"]
+    print(f"reset {hvd.size()} lr {lr:g} at {state.epoch} {state.batch}", flush=True)
 
 
 state = hvd.elastic.TorchState(model, optimizer, train_sampler=train_sampler, epoch=0, batch=0)

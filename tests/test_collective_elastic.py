@@ -18,13 +18,15 @@ import pytest
 from collective_support import free_ports
 from elastic_train import DIM, grad
 
-from peloton.collective import _core
+import peloton.collective as pc
+from peloton.collective import _core, elastic
 from peloton.collective.rendezvous import (
     Membership,
     RendezvousClient,
     RendezvousError,
     RendezvousServer,
 )
+from peloton.core.gangenv import GangEnv
 
 RUN = [sys.executable, "-m", "peloton.collective.run"]
 TRAINER = str(Path(__file__).with_name("elastic_train.py"))
@@ -285,3 +287,58 @@ def test_torch_state_restores_the_model_optimizer_and_values_of_the_last_commit(
     assert state.epoch == 2
     assert all(torch.equal(committed[k], v) for k, v in model.state_dict().items())
     assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], momentum)
+
+
+def test_a_failure_while_re_forming_after_a_graceful_change_keeps_the_state_it_stopped_at(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker joins a gang of 1 that took 3 uncommitted steps: the gang stops at step 3 (state
+    kept); the generation that takes the newcomer in fails while connecting (the newcomer leaves
+    at once); the next one, alone again, goes on from step 3, not from the last commit (0)."""
+    real_init = pc.init
+
+    def init(**kwargs: object) -> None:
+        if kwargs["generation"] == 2:
+            raise pc.CollectiveError("rank 1 is gone while generation 2 connects")
+        real_init(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pc, "init", init)
+    with RendezvousServer("secret", 1, 2, expect=1) as server:
+        monkeypatch.setenv("PELOTON_RENDEZVOUS", server.address)
+        monkeypatch.setenv("PELOTON_RENDEZVOUS_TOKEN", "secret")
+
+        def come_and_go() -> None:
+            newcomer = client(server, "newcomer")  # a session: the endpoint waits for it
+            newcomer.join("127.0.0.1:1")  # returns once generation 2 formed with it
+            newcomer.leave()
+
+        starts: list[tuple[int, int]] = []
+
+        @elastic.run
+        def train(state: elastic.State) -> int:
+            starts.append((elastic.membership().generation, state.step))  # type: ignore[union-attr]
+            if state.step == 0:
+                state.step = 3  # three steps, not committed
+                threading.Thread(target=come_and_go, daemon=True).start()
+                assert elastic.wait_for_change(DEADLINE_S), "the newcomer did not end generation 1"
+                state.check_host_updates()  # raises HostsUpdatedInterrupt
+            return state.step
+
+        assert train(elastic.State(step=0)) == 3
+    assert starts == [(1, 0), (3, 3)], starts
+
+
+def test_a_generation_s_layout_wins_over_the_variables_of_the_launch() -> None:
+    """A scheduled task's PELOTON_CROSS_* describe the layout it was launched in (here: 2 hosts);
+    elastic.run passes each generation's own (3 ranks on one host), which must win, or the ranks
+    disagree on shared memory and the generation never forms."""
+    launched = {"PELOTON_RANK": "1", "PELOTON_GANG_SIZE": "3", "PELOTON_CROSS_RANK": "1",
+                "PELOTON_CROSS_SIZE": "2", "PELOTON_PEERS": "a:1,a:2,b:3"}  # fmt: skip
+    topo = GangEnv.from_env(
+        launched, rank=2, size=3, peers=["h:1", "h:2", "h:3"], local_rank=2, local_size=3,
+        cross_rank=0, cross_size=1,
+    )  # fmt: skip
+    assert (topo.rank, topo.local_rank, topo.local_size, topo.cross_rank, topo.cross_size) == (
+        2, 2, 3, 0, 1,
+    )  # fmt: skip
+    assert GangEnv.from_env(launched).cross_size == 2  # without them, the variables

@@ -21,12 +21,14 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from daemon import (
+    DONE,
     Peloton,
     Samples,
     run_peloton,
@@ -34,6 +36,7 @@ from daemon import (
     start_minicluster,
     wait_for,
 )
+from test_collective_horovod_elastic import committed_batches, padding
 
 from peloton.client import PelotonClient
 from peloton.minicluster import AgentSpec, Minicluster
@@ -505,3 +508,97 @@ def test_an_elastic_gang_below_its_minimum_fails_with_a_reason(
     assert "no generation of at least min=2 workers formed within 3 s" in log, log
     elapsed = time.monotonic() - started
     assert elapsed < 20, elapsed
+
+
+HOROVOD_SCRIPT = Path(__file__).with_name("horovod_elastic_train.py")
+HOROVOD_SAMPLES = 240
+
+
+def stdout_of(p: Peloton, job_id: str, instance: int, attempt: int = 0) -> str:
+    """A task's stdout (of ``attempt``; default: the latest), read from its agent."""
+    data, offset = b"", 0
+    while True:
+        piece = p.client.get_task_logs(job_id, instance, offset=offset, attempt=attempt)
+        if not piece.data:
+            return data.decode(errors="replace")
+        data += piece.data
+        offset = piece.offset + len(piece.data)
+
+
+@pytest.mark.parametrize("grows", [False, True], ids=["fixed-3", "grows-2-to-3"])
+def test_a_horovod_elastic_script_runs_as_an_elastic_gang_with_only_its_import_changed(
+    peloton: Peloton, tmp_path: Path, out: Path, grows: bool
+) -> None:
+    """tests/horovod_elastic_train.py, written as Horovod's elastic examples are (hvd.init(),
+    hvd.elastic.run, TorchState with an ElasticSampler, reset callbacks), as the command of an
+    elastic job: it trains every sample of each epoch across however many ranks the gang had
+    (the sampler's padding aside), and succeeds. Either a gang of 3 from the start, or a gang of
+    2 to 3 that starts with 2 while another job holds the other GPUs and grows to 3 in the
+    middle of its first epoch when that job ends."""
+    gate = out / "gate"
+    command = (
+        f"exec {sys.executable} {HOROVOD_SCRIPT} --out {out} --samples {HOROVOD_SAMPLES} "
+        f"--epochs 2 --gate {gate} --gate-at 10"
+    )
+    release = out / "release-blocker"
+    if grows:
+        blocker = peloton.client.create_job(
+            spec("blocker", holder(tmp_path, release), instances=2, gpu=2)
+        ).job_id
+        peloton.wait_running(blocker)
+    else:
+        gate.touch()
+    job_id = peloton.client.create_job(
+        spec("horovod-elastic", command, elastic=(2, 3) if grows else (3, 3))
+    ).job_id
+
+    def state() -> str:
+        tails = {i: stderr_of(peloton, job_id, i)[-1500:] for i in range(3)}
+        return f"{peloton.describe(job_id)}; stderr tails {tails}"
+
+    if grows:
+        # Started with 2, waiting at batch 10: the blocker ends, the third task starts and
+        # joins, and the gang takes it in at its next commit.
+        wait_size(peloton, job_id, 2)
+        release.touch()
+        joined = f"closed: worker {job_id}-2-"  # its attempt id, in the endpoint's log
+
+        wait_for(
+            lambda: joined in peloton.proc.stderr_path.read_text(),
+            60,
+            "the third task to join the gang's endpoint",
+            interval=0.1,
+            state=state,
+        )
+        gate.touch()
+    job = wait_for(
+        lambda: (j := peloton.client.get_job(job_id)).state in DONE and j,
+        120,
+        f"job {job_id} to end",
+        interval=0.2,
+        state=state,
+    )
+    assert job.state == job_pb2.JOB_STATE_SUCCEEDED, state()
+    # Each task's log, its lines tagged with its instance as peloton-run tags them with a rank.
+    logs = {i: stdout_of(peloton, job_id, i) for i in range(3)}
+    tagged = "\n".join(f"[{i}] {line}" for i, log in logs.items() for line in log.splitlines())
+    seen: dict[int, Counter[int]] = {0: Counter(), 1: Counter()}
+    for i in logs:
+        for epoch, index in committed_batches(tagged, str(i)):
+            seen[epoch].update(index)
+    extra = padding(tagged, first_size=2 if grows else 3)
+    for epoch, counts in seen.items():
+        assert set(counts) == set(range(HOROVOD_SAMPLES)), (epoch, counts, tagged)
+        assert counts.total() - HOROVOD_SAMPLES <= extra, (epoch, counts, extra, tagged)
+    assert re.search(r"^final epoch 2$", logs[0], re.M), logs[0]
+    watched = run_peloton("job", "watch", job_id, server=peloton.proc.address)
+    assert watched.returncode == 0, watched.stderr
+    first = 2 if grows else 3
+    assert re.search(rf"job +started with {first} ranks \(generation 1\)", watched.stdout), (
+        watched.stdout
+    )
+    if grows:
+        assert re.search(r"job +resized 2 -> 3 \(capacity freed\)", watched.stdout), watched.stdout
+        # The third rank joined in the middle of epoch 0 and trained on part of it.
+        assert re.search(r"^reset 3 lr 0.03 at 0 ([1-9]\d*)$", logs[0], re.M), logs[0]
+        assert re.search(r"^batch 0 ", logs[2], re.M), logs[2]

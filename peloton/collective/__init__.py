@@ -139,6 +139,9 @@ def init(
     timeout: float | None = None,
     fusion_threshold: int | None = None,
     generation: int | None = None,
+    *,
+    cross_rank: int | None = None,
+    cross_size: int | None = None,
 ) -> None:
     """Connects this rank to its gang; every argument left None comes from PELOTON_* variables.
 
@@ -159,6 +162,8 @@ def init(
                 peers=peers,
                 local_rank=local_rank,
                 local_size=local_size,
+                cross_rank=cross_rank,
+                cross_size=cross_size,
                 timeout=timeout,
                 fusion_threshold=fusion_threshold,
                 generation=generation,

@@ -23,7 +23,8 @@ generation it got, gives every rank rank 0's state (:meth:`State.sync`) and call
 function. When a peer dies the collective in flight raises on every survivor: they restore the
 last commit, re-join, re-form at the new size and call the function again. When the membership
 changes gracefully (a worker joined) the endpoint says so and the next ``commit()`` raises
-:class:`HostsUpdatedInterrupt` on every rank at the same step: the state is kept as it is. After
+:class:`HostsUpdatedInterrupt` on every rank at the same step: the state is kept as it is (and
+committed, so a failure while the next generation forms does not roll it back). After
 each re-form the reset callbacks run (e.g. to scale the learning rate by the new size). If no
 generation of at least the gang's minimum forms within ``PELOTON_ELASTIC_TIMEOUT`` seconds, the
 worker raises :class:`RendezvousError` (the gang has failed; the process exits non-zero).
@@ -303,6 +304,10 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                         local_rank=where.local_rank,
                         local_size=where.local_size,
                         generation=me.generation,
+                        # Not the variables: a scheduled task's describe the layout it was
+                        # launched in, not this generation's.
+                        cross_rank=where.cross_rank,
+                        cross_size=where.cross_size,
                     )
                     state.sync()
                     if not first:
@@ -311,6 +316,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                     result = func(state, *args, **kwargs)
                 except HostsUpdatedInterrupt:
                     _log(f"generation {me.generation} ended: re-forming, state kept")
+                    _keep(state)
                     pc.shutdown()
                     continue
                 except pc.CollectiveError as exc:
@@ -333,6 +339,16 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
             client.leave()
 
     return wrapper
+
+
+def _keep(state: State) -> None:
+    """Commits the state the gang stopped at on a graceful change (the ranks agreed on it), so
+    that a failure while the next generation forms rolls back to it, not to an older commit. If
+    the commit itself fails (a peer died meanwhile), the last commit stays what it was."""
+    try:
+        state.save()
+    except pc.CollectiveError as exc:
+        _log(f"could not commit the kept state ({exc}): the last commit stays")
 
 
 def _end_when_closed(client: RendezvousClient, generation: int) -> None:

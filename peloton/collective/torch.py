@@ -688,6 +688,8 @@ class TorchState(State):
         return self._optimizer_steps if self._optimizer_steps > 0 else super().steps_lost()
 
     def save(self) -> None:
+        # The collective part first: if a peer dies in it, nothing of the last commit changed.
+        samplers = {k: self._gang_sampler_state(s) for k, s in self._samplers.items()}
         super().save()
         self._optimizer_steps = 0
         self._model_saved = (
@@ -696,7 +698,7 @@ class TorchState(State):
         self._optimizer_saved = (
             copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
         )
-        self._samplers_saved = {k: self._gang_sampler_state(s) for k, s in self._samplers.items()}
+        self._samplers_saved = samplers
         self._schedulers_saved = {
             k: copy.deepcopy(s.state_dict()) for k, s in self._schedulers.items()
         }
