@@ -15,6 +15,7 @@ import pytest
 PELOTON = str(Path(sys.executable).parent / "peloton")
 ROOT = Path(__file__).resolve().parents[1]
 PHILLY = Path(__file__).with_name("test_sim_philly_cluster_job_log.json")
+ITP = Path(__file__).with_name("test_sim_trace_itp_cluster.csv")
 TRACE = """\
 job_id,arrival_s,tasks,gpu_per_task,cpu_per_task,mem_mb_per_task,duration_s
 A,0,1,4,16,65536,100
@@ -173,6 +174,55 @@ def test_convert_philly(tmp_path: Path) -> None:
     assert to_stdout.stderr.startswith("converted 4 jobs")
 
 
+def test_convert_itp(tmp_path: Path) -> None:
+    out = tmp_path / "itp.csv"
+    result = peloton("simulate", "convert", "--itp", str(ITP), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (f"converted 5 jobs; skipped 1 no GPUs, 1 ran 0 s; wrote {out}")
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("job_id,arrival_s,pool,") and len(lines) == 6
+    to_stdout = peloton(
+        "simulate", "convert", "--itp", str(ITP), "--pool", "/itp", "--gpus-per-host", "4"
+    )  # fmt: skip
+    assert to_stdout.returncode == 0, to_stdout.stderr
+    assert to_stdout.stdout.count(",/itp,") == 5
+    # 64 GPUs on hosts of 4: 16 tasks of 4 GPUs (16 cpus, 64 GiB each).
+    assert ",/itp,0,16,4,16,65536,7200," in to_stdout.stdout
+    assert to_stdout.stderr.startswith("converted 5 jobs")
+    run = peloton("simulate", "run", "--trace", str(out), "--hosts", "8", "--policy", "las")
+    assert run.returncode == 0, run.stderr
+    assert "(5 jobs)" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ([], "error: give one trace: --philly FILE or --itp FILE"),
+        (["--philly", "{philly}", "--itp", "{itp}"], "error: --philly and --itp exclude each"),
+        (["--philly", "{philly}", "--gpus-per-host", "4"], "error: --gpus-per-host applies to"),
+        (["--itp", "{itp}", "--gpus-per-host", "0"], "error: invalid value for '--gpus-per-host'"),
+        (["--itp", "{missing}"], "error: invalid: {missing}: cannot read"),
+        (["--itp", "{philly}"], "error: invalid: {philly} line 1: missing column 'job_id'"),
+        (["--itp", "{empty}"], "error: invalid: {empty}: no job that ran"),
+        (["--itp", "{itp}", "--pool", "itp"], "error: invalid value for '--pool'"),
+    ],
+)
+def test_convert_bad_input_is_one_error_line_and_exit_2(
+    tmp_path: Path, args: list[str], error: str
+) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_text("job_id,submission_time,duration,num_gpu\nx,0,60,0\n")
+    names = {
+        "philly": str(PHILLY),
+        "itp": str(ITP),
+        "missing": str(tmp_path / "missing.csv"),
+        "empty": str(empty),
+    }
+    result = peloton("simulate", "convert", *(a.format(**names) for a in args))
+    assert result.returncode == 2, result.stderr
+    assert error.format(**names) in error_line(result)
+
+
 @pytest.mark.parametrize(
     ("args", "error"),
     [
@@ -230,3 +280,24 @@ def test_the_readme_simulation_runs_as_written(tmp_path: Path) -> None:
     assert sorted(p.suffix for p in (tmp_path / "sim-plots").iterdir()) and all(
         p.suffix == ".png" for p in (tmp_path / "sim-plots").iterdir()
     )
+
+
+def test_the_readme_public_trace_runs_as_written(tmp_path: Path) -> None:
+    """README's second block (converting the vendored ITP trace), typed into bash where
+    ``bench/traces`` is what it is at the repository root."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Simulating queue policies\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n")[2].split("```", 1)[0]
+    assert "--itp" in block
+    (tmp_path / "bench").symlink_to(ROOT / "bench")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    done = subprocess.run(
+        ["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "converted 15802 jobs; wrote itp.csv" in done.stdout
+    assert len((tmp_path / "itp.csv").read_text().splitlines()) == 15_803
+    assert "Trace:   itp-2k.csv (2000 jobs)" in done.stdout
+    assert "Cluster: 72 hosts, 576 GPUs (A100), 8 racks" in done.stdout
+    assert "baseline-backfill (baseline)" in done.stdout

@@ -46,6 +46,7 @@ def simulate() -> None:
       peloton simulate run --trace trace.csv --hosts 64 --gpus-per-host 8 --racks 8 \\
           --policy PRIORITY_FIFO --policy baseline-backfill --json out.json --plots plots/
       peloton simulate convert --philly trace-data/cluster_job_log -o philly.csv
+      peloton simulate convert --itp cluster04.csv -o itp.csv
     """
 
 
@@ -397,9 +398,22 @@ def generate(
 @click.option(
     "--philly",
     "philly_file",
-    required=True,
     type=click.Path(dir_okay=False, path_type=Path),
     help="Philly's cluster_job_log (JSON), from github.com/msr-fiddle/philly-traces.",
+)
+@click.option(
+    "--itp",
+    "itp_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="One cluster's CSV of the Microsoft ITP trace (cluster04.csv), from "
+    "github.com/microsoft/elasticflow-traces or bench/traces/elasticflow-raw-traces.tar.gz.",
+)
+@click.option(
+    "--gpus-per-host",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="--itp: jobs bigger than this are split into tasks of this many GPUs.",
 )
 @click.option(
     "--pool",
@@ -409,24 +423,53 @@ def generate(
     help="Leaf pool of every job.",
 )
 @_out_option
-def convert(philly_file: Path, pool: str, out_file: Path) -> None:
-    """Convert the Microsoft Philly trace to a simulator trace CSV.
+@click.pass_context
+def convert(
+    ctx: click.Context,
+    philly_file: Path | None,
+    itp_file: Path | None,
+    gpus_per_host: int,
+    pool: str,
+    out_file: Path,
+) -> None:
+    """Convert a public trace (Microsoft Philly or ITP) to a simulator trace CSV.
 
     \b
-    Get it: git clone https://github.com/msr-fiddle/philly-traces; cd philly-traces;
-    tar xzf trace-data.tar.gz  ->  trace-data/cluster_job_log (about 100,000 jobs).
-    Arrival: submitted_time; GPUs: the last attempt's machines (a task per machine when they
-    had as many GPUs each, else a task per GPU); duration: the last attempt's end - start.
-    Jobs that never ran are skipped (counted on standard error).
+    Philly (--philly): git clone https://github.com/msr-fiddle/philly-traces;
+    cd philly-traces; tar xzf trace-data.tar.gz  ->  trace-data/cluster_job_log (about
+    100,000 jobs). Arrival: submitted_time; GPUs: the last attempt's machines (a task per
+    machine when they had as many GPUs each, else a task per GPU); duration: the last
+    attempt's end - start. Jobs that never ran are skipped (counted on standard error).
+
+    \b
+    ITP (--itp): tar xzf bench/traces/elasticflow-raw-traces.tar.gz cluster04.csv (a copy of
+    data/raw-traces.tar.gz of github.com/microsoft/elasticflow-traces: cluster01.csv ...
+    cluster10.csv, 69,351 jobs). Columns job_id,submission_time,duration,num_gpu. Arrival:
+    submission_time; duration: duration; GPUs: num_gpu, one task when they fit a host
+    (--gpus-per-host), else a task per host's share (per GPU if that does not divide them).
+    Every job is named "job", priority 0. Jobs of 0 GPUs or 0 s are skipped.
     """
     from peloton.sim import trace
 
+    if philly_file is not None and itp_file is not None:
+        raise CliError("--philly and --itp exclude each other", EXIT_USAGE)
+    if (
+        philly_file is not None
+        and ctx.get_parameter_source("gpus_per_host") is ParameterSource.COMMANDLINE
+    ):
+        # Philly's log names the machines each job ran on: its shape is not guessed.
+        raise CliError("--gpus-per-host applies to --itp only", EXIT_USAGE)
     try:
-        converted = trace.convert_philly(philly_file, pool)
+        if philly_file is not None:
+            source, converted = philly_file, trace.convert_philly(philly_file, pool)
+        elif itp_file is not None:
+            source, converted = itp_file, trace.convert_itp(itp_file, pool, gpus_per_host)
+        else:
+            raise CliError("give one trace: --philly FILE or --itp FILE", EXIT_USAGE)
     except trace.TraceError as exc:
         raise CliError(f"invalid: {exc}", EXIT_USAGE) from None
     if not converted.jobs:
-        raise CliError(f"invalid: {philly_file}: no job that ran", EXIT_USAGE)
+        raise CliError(f"invalid: {source}: no job that ran", EXIT_USAGE)
     _emit_trace(converted.jobs, out_file)
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(converted.skipped.items()))
     line = f"converted {len(converted.jobs)} jobs" + (f"; skipped {skipped}" if skipped else "")

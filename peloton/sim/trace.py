@@ -1,4 +1,5 @@
-"""Traces: the jobs a simulation replays, as CSV; a synthetic generator; a Philly converter.
+"""Traces: the jobs a simulation replays, as CSV; a synthetic generator; converters for the
+public Philly and Microsoft ITP traces.
 
 **The CSV** (one job a row, a header naming the columns, in any order)::
 
@@ -55,6 +56,30 @@ else one task per GPU), duration from the last attempt's end minus its start, na
 (no attempt with a start, an end and GPUs) are skipped and counted. Every status (Pass, Killed,
 Failed) is kept: the GPUs were held all the same. ``tests/test_sim_philly_cluster_job_log.json``
 is a small file of that shape.
+
+**Microsoft ITP** (:func:`convert_itp`, ``peloton simulate convert --itp``): the job traces of
+Microsoft's internal ITP GPU clusters published with ElasticFlow (ASPLOS '23),
+https://github.com/microsoft/elasticflow-traces (MIT): ``data/raw-traces.tar.gz`` there holds one
+CSV per cluster, ``cluster01.csv`` ... ``cluster10.csv`` (69,351 jobs over two months of 2021;
+``bench/traces/elasticflow-raw-traces.tar.gz`` is a copy). The columns (:data:`ITP_COLUMNS`;
+others, such as those of the repository's processed ``elasticflow-traces.tar.gz``, are
+ignored)::
+
+    job_id,submission_time,duration,num_gpu
+    6b2d9ccc-6279-403c-e1a2-cfe7810d5c57,16566,3890,4
+
+Each row becomes a job: arrival from ``submission_time`` (seconds from the start of the
+collection; rebased to the first job's, so a replay starts with it), duration from ``duration``
+(seconds it ran: the trace records no outcome), its ``job_id``; the gang from ``num_gpu``: one
+task of G GPUs when G fits a host (``gpus_per_host``, default 8), else G / ``gpus_per_host``
+tasks of ``gpus_per_host`` GPUs (one per host, as the generator's), or G tasks of one GPU when
+``gpus_per_host`` does not divide G (the trace does not say how a job's GPUs were spread). The
+trace names no user, model, VC or priority: every job is named ``job`` (so BACKFILL and LAS
+expect what the pool's last finished jobs took), has priority 0 and goes to ``pool``; 4 cpus
+and 16 GiB per GPU as for Philly. Jobs of 0 GPUs or 0 s are skipped and counted; a malformed
+row (a missing column or value, a negative or non-numeric number, a fractional ``num_gpu``, a
+repeated ``job_id``) is a TraceError naming the file, the line and the column.
+``tests/test_sim_trace_itp_cluster.csv`` is a small file of that shape.
 """
 
 from __future__ import annotations
@@ -71,7 +96,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from peloton.core.spec import DEFAULT_POOL, validate_job_spec, with_defaults
+from peloton.core.spec import DEFAULT_POOL, MAX_GPU, validate_job_spec, with_defaults
 from peloton.errors import InvalidArgument
 from peloton.v1 import common_pb2, job_pb2
 
@@ -249,60 +274,70 @@ def parse_csv(f: TextIO, name: str = "trace") -> list[TraceJob]:
     return sorted(jobs, key=lambda j: j.arrival_s)
 
 
+def _text(row: Mapping[str, str | None], column: str, default: str = "") -> str:
+    return (row.get(column) or "").strip() or default
+
+
+def _number(
+    row: Mapping[str, str | None], column: str, where: str, *, positive: bool, default: str = ""
+) -> float:
+    """``column`` of ``row`` as a finite number >= 0 (> 0 if ``positive``); TraceError naming
+    ``where`` and the column otherwise."""
+    raw = _text(row, column, default)
+    if not raw:
+        raise TraceError(f"{where}: {column}: is required")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise TraceError(f"{where}: {column}: not a number: {raw!r}") from None
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise TraceError(
+            f"{where}: {column}: must be a number {'>' if positive else '>='} 0 (got {raw})"
+        )
+    return value
+
+
+def _whole(
+    row: Mapping[str, str | None], column: str, where: str, *, least: int, default: str = ""
+) -> int:
+    """``column`` of ``row`` as a whole number >= ``least``; TraceError naming ``where`` and the
+    column otherwise."""
+    raw = _text(row, column, default)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise TraceError(f"{where}: {column}: not a whole number: {raw!r}") from None
+    if value < least:
+        raise TraceError(f"{where}: {column}: must be at least {least} (got {value})")
+    return value
+
+
 def _job_of_row(row: Mapping[str, str | None], where: str) -> TraceJob:
-    def text(column: str, default: str = "") -> str:
-        value = (row.get(column) or "").strip()
-        return value or default
-
-    def number(column: str, *, positive: bool, default: str = "") -> float:
-        raw = text(column, default)
-        if not raw:
-            raise TraceError(f"{where}: {column}: is required")
-        try:
-            value = float(raw)
-        except ValueError:
-            raise TraceError(f"{where}: {column}: not a number: {raw!r}") from None
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
-            raise TraceError(
-                f"{where}: {column}: must be a number {'>' if positive else '>='} 0 (got {raw})"
-            )
-        return value
-
-    def whole(column: str, *, least: int, default: str = "") -> int:
-        raw = text(column, default)
-        try:
-            value = int(raw)
-        except ValueError:
-            raise TraceError(f"{where}: {column}: not a whole number: {raw!r}") from None
-        if value < least:
-            raise TraceError(f"{where}: {column}: must be at least {least} (got {value})")
-        return value
-
-    job_id = text("job_id")
+    job_id = _text(row, "job_id")
     if not job_id:
         raise TraceError(f"{where}: job_id: is required")
-    preemptible = text("preemptible", "1")
+    preemptible = _text(row, "preemptible", "1")
     if preemptible not in ("0", "1"):
         raise TraceError(f"{where}: preemptible: must be 0 or 1 (got {preemptible!r})")
-    priority_raw = text("priority", "0")
+    priority_raw = _text(row, "priority", "0")
     try:
         priority = int(priority_raw)
     except ValueError:
         raise TraceError(f"{where}: priority: not a whole number: {priority_raw!r}") from None
     job = TraceJob(
         job_id=job_id,
-        arrival_s=number("arrival_s", positive=False),
-        tasks=whole("tasks", least=1),
-        gpu_per_task=whole("gpu_per_task", least=0),
-        cpu_per_task=number("cpu_per_task", positive=True),
-        mem_mb_per_task=number("mem_mb_per_task", positive=True),
-        duration_s=number("duration_s", positive=True),
-        pool=text("pool", DEFAULT_POOL),
+        arrival_s=_number(row, "arrival_s", where, positive=False),
+        tasks=_whole(row, "tasks", where, least=1),
+        gpu_per_task=_whole(row, "gpu_per_task", where, least=0),
+        cpu_per_task=_number(row, "cpu_per_task", where, positive=True),
+        mem_mb_per_task=_number(row, "mem_mb_per_task", where, positive=True),
+        duration_s=_number(row, "duration_s", where, positive=True),
+        pool=_text(row, "pool", DEFAULT_POOL),
         priority=priority,
-        gpu_model=text("gpu_model"),
+        gpu_model=_text(row, "gpu_model"),
         preemptible=preemptible == "1",
-        name=text("name", DEFAULT_NAME),
-        max_runtime_s=whole("max_runtime_s", least=0, default="0"),
+        name=_text(row, "name", DEFAULT_NAME),
+        max_runtime_s=_whole(row, "max_runtime_s", where, least=0, default="0"),
     )
     return with_spec(job, where)
 
@@ -525,3 +560,92 @@ def philly_jobs(data: Sequence[Any], pool: str = DEFAULT_POOL, name: str = "") -
             )
         )
     return Converted(out, skipped)
+
+
+# ---------------------------------------------------------------------------- Microsoft ITP
+
+ITP_COLUMNS = ("job_id", "submission_time", "duration", "num_gpu")
+
+
+def convert_itp(path: str | Path, pool: str = DEFAULT_POOL, gpus_per_host: int = 8) -> Converted:
+    """One cluster's CSV of the Microsoft ITP trace at ``path`` (``cluster04.csv``) as trace jobs
+    in ``pool`` (TraceError naming the line and the column if it is not such a file)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return itp_jobs(f, pool, gpus_per_host, str(path))
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not UTF-8 text") from None
+
+
+def itp_jobs(
+    f: TextIO, pool: str = DEFAULT_POOL, gpus_per_host: int = 8, name: str = "trace"
+) -> Converted:
+    """The ITP cluster CSV read from ``f`` (called ``name`` in errors) as trace jobs, by arrival
+    (ties in file order), each with its validated spec."""
+    if not 1 <= gpus_per_host <= MAX_GPU:
+        raise ValueError(f"gpus per host: must be in [1, {MAX_GPU}] (got {gpus_per_host})")
+    reader = csv.DictReader(f)
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    if not header:
+        raise TraceError(f"{name}: empty; expected a header: {','.join(ITP_COLUMNS)}")
+    reader.fieldnames = header
+    missing = [c for c in ITP_COLUMNS if c not in header]
+    if missing:
+        raise TraceError(
+            f"{name} line 1: missing column {missing[0]!r}; an ITP cluster CSV has "
+            f"{','.join(ITP_COLUMNS)}"
+        )
+    skipped: dict[str, int] = {}
+    rows: list[tuple[float, str, int, float, str]] = []
+    seen: set[str] = set()
+    for row in reader:
+        where = f"{name} line {reader.line_num}"
+        if None in row:
+            raise TraceError(f"{where}: more fields than the header has columns")
+        if not any((v or "").strip() for v in row.values()):
+            continue  # a blank line
+        job_id = _text(row, "job_id")
+        if not job_id:
+            raise TraceError(f"{where}: job_id: is required")
+        if job_id in seen:
+            raise TraceError(f"{where}: job_id {job_id!r} appears twice")
+        seen.add(job_id)
+        submitted = _number(row, "submission_time", where, positive=False)
+        duration = _number(row, "duration", where, positive=False)
+        gpus = _whole(row, "num_gpu", where, least=0)
+        why = "no GPUs" if gpus == 0 else "ran 0 s" if duration == 0 else ""
+        if why:
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        rows.append((submitted, job_id, gpus, duration, where))
+    if not rows:
+        return Converted([], skipped)
+    rows.sort(key=lambda r: r[0])  # stable: ties keep the file's order
+    first = rows[0][0]
+    out: list[TraceJob] = []
+    for submitted, job_id, gpus, duration, where in rows:
+        tasks, per = _itp_gang(gpus, gpus_per_host)
+        job = TraceJob(
+            job_id=job_id,
+            arrival_s=submitted - first,
+            tasks=tasks,
+            gpu_per_task=per,
+            cpu_per_task=CPU_PER_GPU * per,
+            mem_mb_per_task=MEM_MB_PER_GPU * per,
+            duration_s=duration,
+            pool=pool,
+        )
+        out.append(with_spec(job, f"{where} (num_gpu {gpus})"))
+    return Converted(out, skipped)
+
+
+def _itp_gang(gpus: int, gpus_per_host: int) -> tuple[int, int]:
+    """(tasks, GPUs per task) of a job of ``gpus`` GPUs: a task per host's share when hosts of
+    ``gpus_per_host`` GPUs hold it whole, else a task per GPU."""
+    if gpus <= gpus_per_host:
+        return 1, gpus
+    if gpus % gpus_per_host == 0:
+        return gpus // gpus_per_host, gpus_per_host
+    return gpus, 1
