@@ -14,18 +14,15 @@ hanging.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 from daemon import (
     DONE,
@@ -36,9 +33,26 @@ from daemon import (
     start_minicluster,
     wait_for,
 )
+from elastic_support import (
+    Events,
+    allow,
+    attempts,
+    drained,
+    finish,
+    holder,
+    out_dir,
+    sigkilled,
+    spec,
+    starts_small_and_grows,
+    stderr_of,
+    steps_log,
+    trained,
+    wait_size,
+    wait_step,
+    worker,
+)
 from test_collective_horovod_elastic import committed_batches, padding
 
-from peloton.client import PelotonClient
 from peloton.minicluster import AgentSpec, Minicluster
 from peloton.v1 import job_pb2
 
@@ -47,99 +61,9 @@ pytestmark = pytest.mark.parametrize("backend", ["postgresql"])
 # Three agents of 2 GPUs: 6 one-GPU ranks at most, and cpu enough for every job here.
 AGENT = "cpus:4;mem:8192;disk:10000;gpus:2;ports:[31000-31100]"
 
-# The elastic trainer. Deterministic integer training: every step, each rank contributes
-# grad(step, params) (the same on every rank: they hold rank 0's parameters) and the parameters
-# move by the gang's sum divided by its size, so the result of every step is independent of the
-# gang's size, and depends on the parameters: a step lost or applied twice changes the end.
-# It takes only the steps the test allows (the number in out/allow, agreed by the ranks as their
-# minimum); while it may not step it waits on the endpoint for a membership change and checks
-# for one (no commit: what the last commit holds is what a failure rolls back to). Rank 0 logs
-# "<generation> <size> <step>" for every step it applies; every worker writes its pid to
-# out/pid-<instance>-<attempt> when it starts and out/formed-<instance>-<generation> once its
-# runtime is up in a generation; rank 0 writes out/final.json at the end.
-# ``straggler``: instance 1 never joins the endpoint (it sleeps), so instance 0 is below the
-# minimum until its PELOTON_ELASTIC_TIMEOUT.
-WORKER = r"""
-import json, os, sys, time
-import numpy as np
-import peloton.collective as pc
-from peloton.collective import elastic
-
-out, total, commit_every, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-instance = int(os.environ["PELOTON_INSTANCE_ID"])
-attempt = int(os.environ["PELOTON_ATTEMPT_ID"].rsplit("-", 1)[1])
-with open(os.path.join(out, f"pid-{instance}-{attempt}"), "w") as f:
-    f.write(str(os.getpid()))
-if mode == "straggler" and instance == 1:
-    time.sleep(120)
-    sys.exit(0)
-DIM = 8
-
-
-def grad(step, params):
-    return (params * 3 + step * 7 + np.arange(DIM)) % 11 - 5
-
-
-def allowed():
-    try:
-        with open(os.path.join(out, "allow")) as f:
-            return int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
-def generation():
-    return elastic.membership().generation
-
-
-state = elastic.State(params=np.zeros(DIM, dtype=np.int64), step=0)
-
-
-@elastic.run
-def train(state):
-    with open(os.path.join(out, f"formed-{instance}-{generation()}"), "w"):
-        pass
-    while state.step < total:
-        limit = int(pc.allreduce(np.array([allowed()], dtype=np.int64), op="min", name="allow")[0])
-        if state.step >= limit:
-            elastic.wait_for_change(timeout=0.2)
-            state.check_host_updates()
-            continue
-        g = grad(state.step, state.params)
-        summed = pc.allreduce(g, op="sum", name=f"grad.{state.step}")
-        assert (summed == g * pc.size()).all(), (summed, g, pc.size())
-        state.params = state.params + summed // pc.size()
-        if pc.rank() == 0:
-            with open(os.path.join(out, "steps.log"), "a") as f:
-                f.write(f"{generation()} {pc.size()} {state.step}\n")
-        state.step += 1
-        if state.step % commit_every == 0 or state.step == total:
-            state.commit()
-    return pc.rank()
-
-
-if train(state) == 0:
-    with open(os.path.join(out, "final.tmp"), "w") as f:
-        json.dump({"params": [int(x) for x in state.params], "step": state.step}, f)
-    os.replace(os.path.join(out, "final.tmp"), os.path.join(out, "final.json"))
-"""
-
-# A task that holds its resources until out/<name> exists.
-HOLD = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
-
-DIM = 8
-COMMIT_EVERY = 4
-# The steps the test allows in each phase: size 2, grown to 6, shrunk to 4, then (after the
-# SIGKILL at step 14, last commit at 12) at 3 to the end.
-AT_2, AT_6, AT_4, TOTAL = 6, 10, 14, 18
-
-
-def replay(steps: int) -> list[int]:
-    """The parameters after ``steps`` steps, in one process."""
-    params = np.zeros(DIM, dtype=np.int64)
-    for step in range(steps):
-        params = params + (params * 3 + step * 7 + np.arange(DIM)) % 11 - 5
-    return [int(x) for x in params]
+# The steps the test allows in each phase (of elastic_support's trainer): size 2, grown to 6,
+# shrunk to 4, then (after the SIGKILL at step 14, last commit at 12) at 3 to the end.
+AT_2, AT_6, AT_4 = 6, 10, 14
 
 
 @pytest.fixture
@@ -152,157 +76,7 @@ def cluster(tmp_path: Path) -> Iterator[Minicluster]:
 
 @pytest.fixture
 def out(tmp_path: Path) -> Path:
-    d = tmp_path / "out"
-    d.mkdir()
-    return d
-
-
-def spec(
-    name: str,
-    command: str,
-    *,
-    instances: int = 0,
-    elastic: tuple[int, int] | None = None,
-    gpu: float = 1,
-    priority: int = 0,
-    preemptible: bool = False,
-    max_failures: int = 0,
-    backoff_seconds: int = 0,
-    elastic_timeout_seconds: int = 0,
-) -> job_pb2.JobSpec:
-    s = job_pb2.JobSpec(name=name, instances=instances, priority=priority)
-    s.task.command = command
-    s.task.resources.cpu = 0.5
-    s.task.resources.mem_mb = 256
-    s.task.resources.gpu = gpu
-    if elastic is not None:
-        s.gang.min_instances, s.gang.max_instances = elastic
-        s.gang.elastic_timeout_seconds = elastic_timeout_seconds
-    s.preemption.preemptible = preemptible
-    s.preemption.kill_grace_seconds = 10
-    s.restart.max_failures = max_failures
-    s.restart.backoff_seconds = backoff_seconds
-    return s
-
-
-def worker(tmp_path: Path, out: Path, mode: str = "train") -> str:
-    script = tmp_path / "elastic_worker.py"
-    script.write_text(WORKER)
-    # exec: the worker itself gets the scheduler's SIGTERM and the test's SIGKILL.
-    return f"exec {sys.executable} {script} {out} {TOTAL} {COMMIT_EVERY} {mode}"
-
-
-def holder(tmp_path: Path, flag: Path) -> str:
-    script = tmp_path / "hold.py"
-    script.write_text(HOLD)
-    return f"exec {sys.executable} {script} {flag}"
-
-
-class Events:
-    """A job's events as ``peloton job watch`` gets them (WatchJob), collected by a thread."""
-
-    def __init__(self, address: str, job_id: str) -> None:
-        self.job_id = job_id
-        self._client = PelotonClient(address, timeout=10)
-        self._lock = threading.Lock()
-        self.events: list[job_pb2.JobEvent] = []
-        threading.Thread(target=self._read, daemon=True, name="watch").start()
-
-    def _read(self) -> None:
-        try:
-            for response in self._client.watch_job(self.job_id):
-                with self._lock:
-                    self.events.append(response.event)
-        except Exception as exc:  # the stream ends with the job, or the client is closed
-            with self._lock:
-                self.events.append(job_pb2.JobEvent(reason="watch-ended", message=repr(exc)))
-
-    def resizes(self) -> list[str]:
-        """The messages of the job's resize events (job events whose state did not change)."""
-        with self._lock:
-            return [
-                e.message
-                for e in self.events
-                if not e.has_instance and e.reason == "resized" and e.from_state == e.to_state
-            ]
-
-    def wait(self, pattern: str, timeout: float, describe: Callable[[], object]) -> str:
-        """Until a resize event matches ``pattern``; the match (on timeout: the resizes seen
-        and ``describe()``)."""
-
-        def found() -> str | None:
-            return next((m for m in self.resizes() if re.search(pattern, m)), None)
-
-        return wait_for(
-            found,
-            timeout,
-            f"a resize event of job {self.job_id} matching {pattern!r}",
-            interval=0.05,
-            state=lambda: f"resizes {self.resizes()}; {describe()}",
-        )
-
-    def close(self) -> None:
-        self._client.close()
-
-
-def steps_log(out: Path) -> list[tuple[int, int, int]]:
-    """Rank 0's (generation, size, step) lines."""
-    path = out / "steps.log"
-    text = path.read_text() if path.exists() else ""
-    return [tuple(int(x) for x in line.split()) for line in text.splitlines()]  # type: ignore[misc]
-
-
-def allow(out: Path, steps: int) -> None:
-    tmp = out / "allow.tmp"
-    tmp.write_text(str(steps))
-    tmp.replace(out / "allow")
-
-
-def wait_step(out: Path, step: int, size: int, p: Peloton, job_id: str) -> None:
-    """Until rank 0 logged ``step`` applied by a gang of ``size``."""
-    wait_for(
-        lambda: any(s == step and n == size for _, n, s in steps_log(out)),
-        30,
-        f"step {step} applied at size {size}",
-        interval=0.05,
-        state=lambda: f"log {steps_log(out)[-6:]}; {p.describe(job_id)}",
-    )
-
-
-def wait_size(p: Peloton, job_id: str, size: int, timeout: float = 30) -> job_pb2.ElasticStatus:
-    """Until GetJob's elastic status reports ``size`` ranks; that status."""
-
-    def sized() -> job_pb2.ElasticStatus | None:
-        e = p.client.get_job(job_id).elastic
-        return e if e.size == size else None
-
-    return wait_for(
-        sized,
-        timeout,
-        f"job {job_id}'s elastic status at size {size}",
-        interval=0.05,
-        state=lambda: f"{p.client.get_job(job_id).elastic}; {p.describe(job_id)}",
-    )
-
-
-def stderr_of(p: Peloton, job_id: str, instance: int, attempt: int = 0) -> str:
-    """A task's stderr (of ``attempt``; default: the latest), read from its agent."""
-    data, offset = b"", 0
-    while True:
-        piece = p.client.get_task_logs(
-            job_id, instance, stderr=True, offset=offset, attempt=attempt
-        )
-        if not piece.data:
-            return data.decode(errors="replace")
-        data += piece.data
-        offset = piece.offset + len(piece.data)
-
-
-def attempts(p: Peloton, job_id: str) -> dict[int, tuple[int, str]]:
-    return {
-        t.instance_id: (t.current.attempt, job_pb2.TaskState.Name(t.current.state))
-        for t in p.client.list_tasks(job_id).tasks
-    }
+    return out_dir(tmp_path)
 
 
 def test_an_elastic_gang_grows_shrinks_survives_a_sigkill_and_ends_with_the_committed_model(
@@ -328,30 +102,10 @@ def test_an_elastic_gang_grows_shrinks_survives_a_sigkill_and_ends_with_the_comm
         )
     ).job_id
     events = Events(peloton.proc.address, job_id)
-
-    def state() -> str:
-        return f"log {steps_log(out)[-6:]}; {peloton.describe(job_id)}"
-
     try:
-        # Only 2 fit: the gang starts with 2 (instances 0 and 1), the rest wait.
-        assert events.wait(r"^started with \d+ ranks", 30, state) == (
-            "started with 2 ranks (generation 1)"
-        )
-        status = wait_size(peloton, job_id, 2)
-        assert (status.min_instances, status.max_instances, status.generation) == (2, 6, 1)
-        tasks = attempts(peloton, job_id)
-        assert {i for i, (_, s) in tasks.items() if s == "TASK_STATE_RUNNING"} == {0, 1}, tasks
-        assert {s for i, (_, s) in tasks.items() if i >= 2} == {"TASK_STATE_PENDING"}, tasks
-        allow(out, AT_2)
-        wait_step(out, AT_2 - 1, 2, peloton, job_id)
-
-        # The other job ends: the gang grows into its GPUs, one task at a time, to 6.
-        release.touch()
-        assert peloton.wait_done(blocker).state == job_pb2.JOB_STATE_SUCCEEDED
-        status = wait_size(peloton, job_id, 6)
-        assert status.generation >= 2, status
-        events.wait(r"^resized [2-5] -> 6 \(capacity freed\)$", 10, state)
-        assert all(a == 1 for a, _ in attempts(peloton, job_id).values())
+        # Only 2 fit: the gang starts with 2 (instances 0 and 1), the rest wait. The other job
+        # ends: the gang grows into its GPUs, one task at a time, to 6.
+        starts_small_and_grows(peloton, events, job_id, out, (2, 6), blocker, release, AT_2)
         allow(out, AT_6)
         wait_step(out, AT_6 - 1, 6, peloton, job_id)
         samples = scrape_metrics(peloton.proc.metrics_port)
@@ -359,56 +113,22 @@ def test_an_elastic_gang_grows_shrinks_survives_a_sigkill_and_ends_with_the_comm
 
         # A higher-priority gang needs 2 GPUs: the elastic gang is shrunk by its 2 highest
         # instances (drained, state kept), not restarted.
-        urgent_flag = out / "release-urgent"
-        urgent = peloton.client.create_job(
-            spec("urgent", holder(tmp_path, urgent_flag), instances=2, priority=100)
-        ).job_id
-        shrunk = events.wait(r"^shrunk 6 -> 4 ", 30, state)
-        assert re.fullmatch(
-            rf"shrunk 6 -> 4 \(preempted: job {urgent} of priority 100 needs .*\)", shrunk
-        ), shrunk
-        wait_size(peloton, job_id, 4)
-        peloton.wait_running(urgent)
-        tasks = attempts(peloton, job_id)
-        assert {i: tasks[i] for i in range(4)} == dict.fromkeys(
-            range(4), (1, "TASK_STATE_RUNNING")
-        ), tasks
-        # The drained ranks left gracefully and wait (a new attempt) to grow back.
-        for i in (4, 5):
-            first = peloton.client.get_task(job_id, i).task.history[0]
-            # KILLED, or SUCCEEDED if it left before the kill reached it: never FAILED.
-            assert first.attempt == 1, first
-            assert first.state in (job_pb2.TASK_STATE_KILLED, job_pb2.TASK_STATE_SUCCEEDED), first
-            log = stderr_of(peloton, job_id, i, attempt=1)
-            assert f"drained by the scheduler (job {urgent} of priority 100" in log, log
-        assert {tasks[i] for i in (4, 5)} == {(2, "TASK_STATE_PENDING")}, tasks
+        urgent, urgent_flag = drained(peloton, events, job_id, tmp_path, out, 6, 4)
         allow(out, AT_4)
         wait_step(out, AT_4 - 1, 4, peloton, job_id)
 
         # SIGKILL of instance 3 between commits (the last at step 12): the survivors restore
         # it, re-form at 3 and redo steps 12 and 13.
-        victim = int((out / "pid-3-1").read_text())
-        os.kill(victim, signal.SIGKILL)
-        lost = events.wait(r"^shrunk 4 -> 3 ", 30, state)
-        assert re.fullmatch(r"shrunk 4 -> 3 \(instance 3 failed: .*\)", lost), lost
-        wait_size(peloton, job_id, 3)
-        wait_step(out, AT_4 - 1, 3, peloton, job_id)
-        log = stderr_of(peloton, job_id, 0)
-        assert re.search(r"failed \(.*\): restoring the last commit \(2 steps lost\)", log), log
+        sigkilled(peloton, events, job_id, out, 3, 4, AT_4 - 1)
         samples = scrape_metrics(peloton.proc.metrics_port)
         assert samples[("peloton_elastic_steps_lost_total", ())] >= 2
-        allow(out, TOTAL)
-
-        job = peloton.wait_done(job_id, timeout=60)
-        assert job.state == job_pb2.JOB_STATE_SUCCEEDED, peloton.describe(job_id)
+        job = finish(peloton, job_id, out)
         urgent_flag.touch()
         assert peloton.wait_done(urgent).state == job_pb2.JOB_STATE_SUCCEEDED
     finally:
         events.close()
 
-    # The model: exactly the TOTAL steps, each once, whatever the sizes it was trained at.
-    final = json.loads((out / "final.json").read_text())
-    assert final == {"params": replay(TOTAL), "step": TOTAL}, final
+    trained(out)
     # Rank 0's log: each phase at its size; steps 12 and 13 applied at 4, lost, redone at 3.
     last = {step: size for _, size, step in steps_log(out)}
     assert last == {s: 2 if s < 6 else 6 if s < 10 else 4 if s < 12 else 3 for s in range(18)}
