@@ -75,6 +75,10 @@ class Outlook:
     place: Callable[[Waiting], str | None] | None = None
 
 
+# What a gang needs and whether it is preemptible: gangs alike in both are decided alike.
+_Shape = tuple[Resources, bool]
+
+
 @dataclass
 class _Reservation:
     """The first gang that cannot start, and when it can: gangs behind it start now only if
@@ -219,8 +223,23 @@ def admit(
     held = ZERO  # what the blocked gangs ahead still need
     blocker: Waiting | None = None
     behind: tuple[str, str] | None = None  # the reason of gangs behind it (built once)
+    # Gangs of one shape are decided alike: whether they can ever fit, why they do not fit now
+    # (until a gang is admitted), and whether they may pass the blocked gangs ahead. A shape that
+    # may not stays so for the rest of the queue, as what is available only shrinks and what is
+    # held only grows: a long queue behind a blocked gang (mostly of a few shapes) costs a lookup
+    # per gang.
+    never: dict[_Shape, str | None] = {}
+    told: dict[_Shape, tuple[str, str]] = {}
+    stuck: set[_Shape] = set()
     for gang in queue:
-        why_never = infeasibility(gang, room, counted)
+        shape = (gang.total, gang.preemptible)
+        if behind is not None and shape in stuck:
+            decision.pending[gang.key] = behind
+            continue
+        if shape in never:
+            why_never = never[shape]
+        else:
+            why_never = never[shape] = infeasibility(gang, room, counted)
         if why_never is not None:
             decision.infeasible[gang.key] = (INFEASIBLE, why_never)
             continue
@@ -240,6 +259,7 @@ def admit(
                     f"which is first in line for what it needs",
                 )
             decision.pending[gang.key] = behind
+            stuck.add(shape)
             continue
         if gang.total.fits_in(available):
             decision.admitted.append(gang)
@@ -247,8 +267,11 @@ def admit(
             free = free - gang.total
             if not gang.preemptible:
                 np_allocation = np_allocation + gang.total
+            told.clear()
             continue
-        why = _why_waiting(gang, room, allocation, np_allocation, free)
+        why = told.get(shape)
+        if why is None:
+            why = told[shape] = _why_waiting(gang, room, allocation, np_allocation, free)
         decision.pending[gang.key] = why
         if why[0] == PENDING_ENTITLEMENT:
             decision.over_entitlement.append(gang)
@@ -320,23 +343,38 @@ def admit_backfill(
     allocation, np_allocation = room.allocation, room.np_allocation
     free = cluster_free
     reserved: _Reservation | None = None
+    behind: tuple[str, str] | None = None  # the reason of gangs that would delay it (built once)
+    # Gangs of one shape are told alike (see admit): whether they can ever fit, and why they do
+    # not fit now until a gang is admitted; and what is available to a preemptible gang and to
+    # another is the same until then.
+    never: dict[_Shape, str | None] = {}
+    told: dict[_Shape, tuple[str, str]] = {}
+    rooms: dict[bool, tuple[Resources, Resources]] = {}  # by preemptible: pool room, available
     for gang in queue:
-        why_never = infeasibility(gang, room, counted)
+        shape = (gang.total, gang.preemptible)
+        if shape in never:
+            why_never = never[shape]
+        else:
+            why_never = never[shape] = infeasibility(gang, room, counted)
         if why_never is not None:
             decision.infeasible[gang.key] = (INFEASIBLE, why_never)
             continue
         if lost and not gang.total.fits_in(capacity):
             decision.pending[gang.key] = (PENDING_CLUSTER, _waits_for_lost(gang, capacity, lost))
             continue
-        pool_room = room.entitlement - allocation
-        available = _min(pool_room, free)
-        if not gang.preemptible:
-            available = _min(available, room.reservation - np_allocation)
+        if gang.preemptible not in rooms:
+            pool_room = room.entitlement - allocation
+            available = _min(pool_room, free)
+            if not gang.preemptible:
+                available = _min(available, room.reservation - np_allocation)
+            rooms[gang.preemptible] = (pool_room, available)
+        pool_room, available = rooms[gang.preemptible]
         unplaced = ""
         if gang.total.fits_in(available):
             ends_first = reserved is not None and _ends_first(gang, reserved, outlook)
             if reserved is not None and not ends_first and not gang.total.fits_in(reserved.spare):
-                decision.pending[gang.key] = (PENDING_BEHIND, _behind(room, reserved))
+                behind = behind or (PENDING_BEHIND, _behind(room, reserved))
+                decision.pending[gang.key] = behind
                 continue
             why = outlook.place(gang) if outlook.place is not None else None
             if why is None:
@@ -346,12 +384,17 @@ def admit_backfill(
                     np_allocation = np_allocation + gang.total
                 if reserved is not None and not ends_first:
                     reserved.spare = reserved.spare - gang.total  # still running at its start
+                told.clear()
+                rooms.clear()
                 continue
             unplaced = why
             decision.pending[gang.key] = (PENDING_PLACEMENT, f"placement: {why}")
         else:
-            decision.pending[gang.key] = _why_waiting(gang, room, allocation, np_allocation, free)
-            if decision.pending[gang.key][0] == PENDING_ENTITLEMENT:
+            why_not = told.get(shape)
+            if why_not is None:
+                why_not = told[shape] = _why_waiting(gang, room, allocation, np_allocation, free)
+            decision.pending[gang.key] = why_not
+            if why_not[0] == PENDING_ENTITLEMENT:
                 decision.over_entitlement.append(gang)
             within_reservation = gang.preemptible or gang.total.fits_in(
                 room.reservation - np_allocation

@@ -12,6 +12,10 @@ says why the rest waits, and preempts where the rules allow. Cycles run when som
 every ``cycle_seconds`` otherwise, on one background thread; tests call :meth:`run_cycle`.
 Placement takes admitted gangs through :meth:`take_admitted` (the
 :class:`~peloton.core.gang.AdmittedGangs` protocol).
+
+A cycle does not go over every job again: what the jobs hold and want is kept by pool as they
+change (exact sums, equal to the bit to summing them afresh), with the jobs that queue and those
+that run; a job's queued gangs and its preemption candidate are built again only when it changed.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from peloton.core.capacity import LostHost
@@ -85,6 +89,14 @@ class JobView:
     seq: int
     # GPU-seconds its tasks have held so far (least-attained-service pools order by it).
     service: float = 0.0
+    # What gangs() and as_running() built last, and from what: most jobs do not change between
+    # two cycles, and every cycle asks for every queued or running job's.
+    _gangs: tuple[tuple[int, int, int, float, float], tuple[Waiting, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    _running: tuple[tuple[int, int, float], preemption.Running] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     # A job's spec never changes: read once (every cycle asks for every job's).
     @functools.cached_property
@@ -94,6 +106,16 @@ class JobView:
     @functools.cached_property
     def preemptible(self) -> bool:
         return self.job.spec.preemption.preemptible
+
+    @functools.cached_property
+    def max_runtime(self) -> float:
+        """Its max_runtime_seconds; 0: none."""
+        return float(self.job.spec.max_runtime_seconds)
+
+    @functools.cached_property
+    def runtime_key(self) -> tuple[str, str]:
+        """(pool, name): jobs whose run times are learned together."""
+        return self.pool, self.job.spec.name
 
     @functools.cached_property
     def _scaled(self) -> dict[int, Resources]:
@@ -123,6 +145,50 @@ class JobView:
         first = min(self.pending, max(1, self.job.spec.gang.min_instances - running))
         return [first] + [1] * (self.pending - first)
 
+    def gangs(self) -> tuple[Waiting, ...]:
+        """Its PENDING tasks as gangs of its pool's queue (:meth:`gang_sizes`). An elastic
+        gang's tasks above its minimum (growth) queue after every other gang of their priority:
+        growth takes only capacity no waiting gang wants, so it never delays one."""
+        key = (self.pending, self.holding, self.ending, self.pending_since, self.service)
+        if self._gangs is None or self._gangs[0] != key:
+            spec = self.job.spec
+            # The first queued gang brings the gang to its minimum, unless it runs it already.
+            growth = (0 if self.spare >= 0 else 1) if is_elastic(spec) else math.inf
+            gangs = tuple(
+                Waiting(
+                    key=self.job.id,
+                    priority=spec.priority,
+                    preemptible=self.preemptible,
+                    submitted_at=math.inf if i >= growth else self.pending_since,
+                    seq=self.seq * 1_000_000 + i,
+                    size=size,
+                    total=self.amount(size),
+                    service=self.service,
+                )
+                for i, size in enumerate(self.gang_sizes())
+            )
+            self._gangs = (key, gangs)
+        return self._gangs[1]
+
+    def as_running(self) -> preemption.Running:
+        """Its tasks that hold resources and are not being stopped, as a gang preemption may
+        take."""
+        key = (self.holding, self.ending, self.admitted_at)
+        if self._running is None or self._running[0] != key:
+            running = preemption.Running(
+                key=self.job.id,
+                pool=self.pool,
+                priority=self.job.spec.priority,
+                preemptible=self.preemptible,
+                admitted_at=self.admitted_at,
+                seq=self.seq,
+                total=self.amount(self.holding - self.ending),
+                per_task=self.per_task,
+                spare=max(0, self.spare),
+            )
+            self._running = (key, running)
+        return self._running[1]
+
     def waits(self, now: float) -> bool:
         """Whether its PENDING tasks must not queue yet: a restart backoff runs, or a gang's
         previous run is still being stopped (a gang restarts whole, never in pieces)."""
@@ -145,52 +211,123 @@ class JobView:
 
 @dataclass(frozen=True)
 class Usage:
-    """What each leaf pool's jobs hold, summed in one pass over the jobs."""
+    """What each leaf pool's jobs hold (pools holding nothing left out), and in all."""
 
     allocation: Mapping[str, Resources]
     np_allocation: Mapping[str, Resources]  # of non-preemptible jobs
     ending: Mapping[str, Resources]  # held by tasks being killed or preempted
-
-    @classmethod
-    def of(cls, views: Iterable[JobView]) -> Usage:
-        alloc, np_alloc, ending = _Sums(), _Sums(), _Sums()
-        for v in views:
-            if not v.holding:
-                continue
-            held = v.amount(v.holding)
-            alloc.add(v.pool, held)
-            if not v.preemptible:
-                np_alloc.add(v.pool, held)
-            if v.ending:
-                ending.add(v.pool, v.amount(v.ending))
-        return cls(alloc.resources(), np_alloc.resources(), ending.resources())
-
-    def total(self) -> Resources:
-        return sum(self.allocation.values(), ZERO)
-
-    def total_ending(self) -> Resources:
-        return sum(self.ending.values(), ZERO)
+    total: Resources
+    total_ending: Resources
 
 
-class _Sums:
-    """Resources summed by pool as plain floats (a cycle sums every job's: building a Resources
-    for every partial sum was a large part of a cycle's cost)."""
+# Every finite float times 2**_EXACT_SHIFT is an integer: the book keeps its sums as such
+# integers, so they are exact whatever the order jobs came and went in, and taking a job's share
+# back leaves no rounding behind (a long-running daemon's sums never drift).
+_EXACT_SHIFT = 1074
+_EXACT_ONE = 1 << _EXACT_SHIFT
+# The book's sums of one pool: allocation, non-preemptible allocation, ending, demand; 4 kinds
+# each, at these offsets.
+_ALLOC, _NP_ALLOC, _ENDING, _DEMAND = 0, 4, 8, 12
+
+
+def _exact(amount: Resources) -> tuple[int, int, int, int]:
+    """``amount`` as integers, each kind times 2**_EXACT_SHIFT."""
+    out = []
+    for x in (amount.cpu, amount.mem_mb, amount.disk_mb, amount.gpu):
+        n, d = x.as_integer_ratio()  # d is a power of two
+        out.append(n << (_EXACT_SHIFT + 1 - d.bit_length()))
+    return out[0], out[1], out[2], out[3]
+
+
+def _resources(sums: Sequence[int], at: int) -> Resources:
+    """The Resources of the exact sums at ``sums[at:at + 4]`` (int division rounds correctly)."""
+    one = _EXACT_ONE
+    return Resources(sums[at] / one, sums[at + 1] / one, sums[at + 2] / one, sums[at + 3] / one)
+
+
+class _Book:
+    """What the unfinished jobs hold and want, by leaf pool, kept up to date as their views
+    change (a view is removed before what it counts changes, and added back after): a cycle
+    reads these instead of going over every job, most of which did not change since the last.
+    The sums are exact, so they equal a book of the same views built from scratch to the bit,
+    whatever the order of the changes that led to them."""
 
     def __init__(self) -> None:
-        self._by_pool: dict[str, list[float]] = {}
+        self._sums: dict[str, list[int]] = {}  # by pool: see _ALLOC, ...; exact
+        self._jobs: dict[str, int] = {}  # views counted, by pool (a pool of none is dropped)
+        # Views with PENDING tasks, by pool; how many gangs they queue (JobView.queued_gangs).
+        self.queued: dict[str, dict[str, JobView]] = {}
+        self.queued_gangs: dict[str, int] = {}
+        # Views with tasks that hold resources and are not being stopped, by job.
+        self.running: dict[str, JobView] = {}
+        self._usage: Usage | None = None  # usage(), until the next change
 
-    def add(self, pool: str, r: Resources) -> None:
-        s = self._by_pool.get(pool)
-        if s is None:
-            self._by_pool[pool] = [r.cpu, r.mem_mb, r.disk_mb, r.gpu]
+    def add(self, view: JobView) -> None:
+        """Count ``view`` as it is now."""
+        self._count(view, 1)
+        if view.pending:
+            self.queued.setdefault(view.pool, {})[view.job.id] = view
+        if view.holding > view.ending:
+            self.running[view.job.id] = view
+
+    def remove(self, view: JobView) -> None:
+        """Stop counting ``view``, as it was when last added (before any change to it)."""
+        self._count(view, -1)
+        queued = self.queued.get(view.pool)
+        if queued is not None and queued.pop(view.job.id, None) is not None and not queued:
+            del self.queued[view.pool]
+        self.running.pop(view.job.id, None)
+
+    def _count(self, view: JobView, sign: int) -> None:
+        self._usage = None
+        pool = view.pool
+        sums = self._sums.get(pool)
+        if sums is None:
+            sums = self._sums[pool] = [0] * 16
+        parts = [(_DEMAND, view.amount(view.pending + view.holding))]
+        if view.holding:
+            held = view.amount(view.holding)
+            parts.append((_ALLOC, held))
+            if not view.preemptible:
+                parts.append((_NP_ALLOC, held))
+        if view.ending:
+            parts.append((_ENDING, view.amount(view.ending)))
+        for at, amount in parts:
+            for i, n in enumerate(_exact(amount)):
+                sums[at + i] += sign * n
+        gangs = self.queued_gangs.get(pool, 0) + sign * view.queued_gangs()
+        if gangs:
+            self.queued_gangs[pool] = gangs
         else:
-            s[0] += r.cpu
-            s[1] += r.mem_mb
-            s[2] += r.disk_mb
-            s[3] += r.gpu
+            self.queued_gangs.pop(pool, None)
+        jobs = self._jobs.get(pool, 0) + sign
+        if jobs:
+            self._jobs[pool] = jobs
+        else:  # every sum is back to exactly 0
+            del self._jobs[pool], self._sums[pool]
 
-    def resources(self) -> dict[str, Resources]:
-        return {pool: Resources(*s) for pool, s in self._by_pool.items()}
+    def usage(self) -> Usage:
+        """What each pool holds now."""
+        if self._usage is None:
+            alloc: dict[str, Resources] = {}
+            np_alloc: dict[str, Resources] = {}
+            ending: dict[str, Resources] = {}
+            total, total_ending = [0] * 4, [0] * 4
+            for pool, sums in self._sums.items():
+                for out, at in ((alloc, _ALLOC), (np_alloc, _NP_ALLOC), (ending, _ENDING)):
+                    if any(sums[at : at + 4]):
+                        out[pool] = _resources(sums, at)
+                for i in range(4):
+                    total[i] += sums[_ALLOC + i]
+                    total_ending[i] += sums[_ENDING + i]
+            self._usage = Usage(
+                alloc, np_alloc, ending, _resources(total, 0), _resources(total_ending, 0)
+            )
+        return self._usage
+
+    def demand(self) -> dict[str, Resources]:
+        """Each pool's demand: what its jobs hold plus their PENDING tasks."""
+        return {pool: _resources(sums, _DEMAND) for pool, sums in self._sums.items()}
 
 
 class ResourceManager:
@@ -227,7 +364,8 @@ class ResourceManager:
         self._calculator = Calculator(self._tree)
         self._capacity: Resources | None = None
         self._lost: tuple[LostHost, ...] = ()  # hosts lost recently, still counted as capacity
-        self._views: dict[str, JobView] = {}
+        self._views: dict[str, JobView] = {}  # in seq order
+        self._book = _Book()  # what the views hold and queue, by pool
         self._seq = 0
         self._reasons: dict[str, tuple[str, str]] = {}  # last pending reason written, per job
         self._starved: set[str] = set()  # jobs starved for capacity in the previous cycle
@@ -434,8 +572,8 @@ class ResourceManager:
             ):
                 return
             self._cycle_at, self._cycle_capacity = now, capacity
-            usage = Usage.of(self._views.values())
-            free = (self._capacity or ZERO) - usage.total()
+            usage = self._book.usage()
+            free = (self._capacity or ZERO) - usage.total
             queues = self._leaf_queues()
             conserved = self._entitlements(queues, usage, free)
             ents = conserved.usable
@@ -454,7 +592,7 @@ class ResourceManager:
             admitted = [(pool, g) for pool, d in decisions.items() for g in d.admitted]
             self._admit(admitted[:max_admissions])
             self._backlog = max_admissions is not None and len(admitted) > max_admissions
-            usage = Usage.of(self._views.values())
+            usage = self._book.usage()
             starved_now: set[str] = set()
             for pool, decision in decisions.items():
                 starved_now.update(self._preempt_for(pool, decision, ents, usage, free))
@@ -506,6 +644,7 @@ class ResourceManager:
                 seq=self._seq,
             )
             self._views[job.id] = view
+            self._book.add(view)
             return True
         changed = (pending, holding, ending, job.goal, job.not_before) != (
             view.pending,
@@ -526,11 +665,18 @@ class ResourceManager:
             changed = True
         if pending and not view.pending:
             view.pending_since = now  # a new wait begins (restart or preemption)
+        counted = (pending, holding, ending) != (view.pending, view.holding, view.ending)
+        if counted:
+            self._book.remove(view)
         view.job, view.pending, view.holding, view.ending = job, pending, holding, ending
+        if counted:
+            self._book.add(view)
         return changed
 
     def _forget(self, job_id: str) -> None:
-        self._views.pop(job_id, None)
+        view = self._views.pop(job_id, None)
+        if view is not None:
+            self._book.remove(view)
         self._reasons.pop(job_id, None)
 
     def _entitlements(
@@ -538,10 +684,7 @@ class ResourceManager:
     ) -> Conserved:
         """Fair and usable entitlements (see :mod:`peloton.resmgr.conservation`): demand is
         every job's holding and pending tasks, less the queued gangs their pool can't fit."""
-        sums = _Sums()
-        for view in self._views.values():
-            sums.add(view.pool, view.amount(view.pending + view.holding))
-        demand = sums.resources()
+        demand = self._book.demand()
         capacity = self._capacity
         if capacity is None:  # nothing is admitted: no cluster yet
             return conservation.conserve(self._calculator, ZERO, demand, {}, {}, free)
@@ -567,31 +710,21 @@ class ResourceManager:
         return out
 
     def _queues(self) -> dict[str, list[Waiting]]:
-        """Every pool's waiting gangs (in no particular order). An elastic gang's tasks above
-        its minimum (growth) queue after every other gang of their priority: growth takes only
-        capacity no waiting gang wants, so it never delays one."""
+        """Every pool's waiting gangs (in no particular order; :meth:`JobView.gangs`), pools in
+        the order of their oldest queued job (a walk over every job meets them in that order)."""
         out: dict[str, list[Waiting]] = {}
+        oldest: dict[str, int] = {}
         now = self._clock()
-        for view in self._views.values():
-            if not view.pending or view.job.goal == Goal.KILL or view.waits(now):
-                continue
-            queue = out.setdefault(view.pool, [])
-            # The first queued gang brings the gang to its minimum, unless it runs it already.
-            growth = (0 if view.spare >= 0 else 1) if is_elastic(view.job.spec) else math.inf
-            for i, size in enumerate(view.gang_sizes()):
-                queue.append(
-                    Waiting(
-                        key=view.job.id,
-                        priority=view.job.spec.priority,
-                        preemptible=view.preemptible,
-                        submitted_at=math.inf if i >= growth else view.pending_since,
-                        seq=view.seq * 1_000_000 + i,
-                        size=size,
-                        total=view.amount(size),
-                        service=view.service,
-                    )
-                )
-        return out
+        for pool, views in self._book.queued.items():
+            queue: list[Waiting] = []
+            for view in views.values():
+                if view.job.goal == Goal.KILL or view.waits(now):
+                    continue
+                queue.extend(view.gangs())
+                oldest[pool] = min(oldest.get(pool, view.seq), view.seq)
+            if queue:
+                out[pool] = queue
+        return {pool: out[pool] for pool in sorted(out, key=oldest.__getitem__)}
 
     # ---------------------------------------------------------------- what policies know
 
@@ -600,14 +733,12 @@ class ResourceManager:
         since, self._service_at = self._service_at, now
         if since is None or now <= since:
             return
-        for v in self._views.values():
-            running = v.holding - v.ending
-            if running > 0:
-                v.service += v.per_task.gpu * running * (now - since)
+        for v in self._book.running.values():
+            v.service += v.per_task.gpu * (v.holding - v.ending) * (now - since)
 
     def _learn(self, view: JobView, now: float) -> None:
         """A job succeeded: its run (admission to end) updates its name's expected run time."""
-        key = (view.pool, view.job.spec.name)
+        key = view.runtime_key
         ran = max(0.0, now - view.admitted_at)
         old = self._runtimes.get(key)
         self._runtimes[key] = (
@@ -617,10 +748,7 @@ class ResourceManager:
     def expected_runtime(self, view: JobView) -> float:
         """A job's expected run seconds: its max_runtime_seconds, else what finished jobs of its
         name in its pool took (an average weighted to the recent), else inf (unknown)."""
-        limit = view.job.spec.max_runtime_seconds
-        if limit:
-            return float(limit)
-        return self._runtimes.get((view.pool, view.job.spec.name), math.inf)
+        return view.max_runtime or self._runtimes.get(view.runtime_key, math.inf)
 
     def _outlooks(
         self, queues: Mapping[str, list[Waiting]], now: float
@@ -635,10 +763,10 @@ class ResourceManager:
         ]
         if not planned:
             return {}
+        # In job order: admission weighs gangs that end at the same time in this order.
         ends = [
             (v.admitted_at + self.expected_runtime(v), v.amount(v.holding - v.ending))
-            for v in self._views.values()
-            if v.holding > v.ending
+            for v in sorted(self._book.running.values(), key=lambda v: v.seq)
         ]
         runtimes = {
             w.key: self.expected_runtime(self._views[w.key]) for p in planned for w in queues[p]
@@ -706,9 +834,11 @@ class ResourceManager:
     ) -> None:
         now = self._clock()
         self.metrics.admission_seconds.labels(pool).observe(max(0.0, now - view.pending_since))
+        self._book.remove(view)
         view.pending -= len(ids)
         view.holding += len(ids)
         view.admitted_at = now
+        self._book.add(view)
         self._reasons.pop(gang.key, None)
         at = datetime.fromtimestamp(view.pending_since, UTC)
         self._admitted.append(Gang.of_job(gang.key, view.job.spec, ids, at, admitted_at=now))
@@ -724,21 +854,7 @@ class ResourceManager:
     # ---------------------------------------------------------------- preemption
 
     def _running(self) -> list[preemption.Running]:
-        return [
-            preemption.Running(
-                key=v.job.id,
-                pool=v.pool,
-                priority=v.job.spec.priority,
-                preemptible=v.preemptible,
-                admitted_at=v.admitted_at,
-                seq=v.seq,
-                total=v.amount(v.holding - v.ending),
-                per_task=v.per_task,
-                spare=max(0, v.spare),
-            )
-            for v in self._views.values()
-            if v.holding > v.ending and v.job.goal != Goal.KILL
-        ]
+        return [v.as_running() for v in self._book.running.values() if v.job.goal != Goal.KILL]
 
     def _preempt_for(
         self, pool: str, decision: Decision, ents: Entitlements, usage: Usage, free: Resources
@@ -753,7 +869,7 @@ class ResourceManager:
         for gang in decision.starved:
             if gang.key not in self._starved:
                 continue
-            short = preemption.shortage(gang.total, free + usage.total_ending())
+            short = preemption.shortage(gang.total, free + usage.total_ending)
             if short.is_zero():
                 break  # what is being freed already covers it
             running = running if running is not None else self._running()
@@ -812,11 +928,8 @@ class ResourceManager:
         return self._statuses
 
     def _build_statuses(self, conserved: Conserved) -> dict[str, PoolStatus]:
-        alloc_leaf: dict[str, Resources] = {}
-        queued: dict[str, int] = {}
-        for view in self._views.values():
-            alloc_leaf[view.pool] = alloc_leaf.get(view.pool, ZERO) + view.amount(view.holding)
-            queued[view.pool] = queued.get(view.pool, 0) + view.queued_gangs()
+        alloc_leaf = self._book.usage().allocation
+        queued = self._book.queued_gangs
         out: dict[str, PoolStatus] = {}
         guaranteed = self._calculator.guarantees(self._capacity or ZERO)
         for path in reversed([p for p, _ in self._tree.walk(ROOT)]):

@@ -404,8 +404,8 @@ class Simulation:
             # Gangs preempted (and their tasks stopped) or failed free capacity: the daemon's
             # next cycle follows at once.
         if self.now >= self._pools_read_at + POOL_SAMPLE_SECONDS:
-            # Entitlements are sampled (building every pool's status costs as much as a cycle);
-            # what each pool holds is counted at every instant.
+            # Entitlements are sampled (reading them builds every pool's status, work that grows
+            # with the pools); what each pool holds is counted at every instant.
             self._pools_read_at = self.now
             self._entitled = {
                 path: s.kinds["gpu"].entitlement
