@@ -54,6 +54,30 @@ def test_the_first_blocked_gang_is_reserved_and_short_gangs_backfill_before_it()
     assert "would delay the reservation of job big" in d.pending["long"][1]
 
 
+def test_a_backfilled_gang_is_told_how_it_got_past_the_reservation() -> None:
+    queue = [gang("big", 16, seq=0), gang("short", 4, seq=1), gang("long", 2, seq=2)]
+    plan = outlook([(100, 10)], {"short": 50, "long": 1e6})
+    d = admit(queue, room(64, allocation=54), gpus(10), CLUSTER, outlook=plan)
+    assert keys(d.admitted) == ["short", "long"]
+    assert d.backfilled == {
+        "short": "backfilled: ends by 1970-01-12 13:47:30 UTC, before job big's reservation "
+        "at 1970-01-12 13:48:20 UTC",
+        "long": "backfilled: fits in what job big's reservation leaves spare",
+    }
+
+
+def test_gangs_admitted_in_the_same_pass_count_toward_the_reservation() -> None:
+    # Nothing runs; 4 GPUs free: "first" (3 GPUs, 60 s) starts now, "big" (4) then waits for
+    # it and is reserved at its end, and "quick" (1 GPU, 30 s) backfills before that: no cycle
+    # has to pass for "first" to count as running first.
+    queue = [gang("first", 3, seq=0), gang("big", 4, seq=1), gang("quick", 1, seq=2)]
+    plan = outlook([], {"first": 60, "big": 60, "quick": 30})
+    d = admit(queue, room(64), gpus(4), CLUSTER, outlook=plan)
+    assert keys(d.admitted) == ["first", "quick"]
+    assert "reserved: starts by 1970-01-12 13:47:40 UTC" in d.pending["big"][1], d.pending["big"]
+    assert d.backfilled["quick"].startswith("backfilled: ends by"), d.backfilled
+
+
 def test_a_long_gang_backfills_into_what_the_reservation_leaves_spare() -> None:
     # At 100 s: 10 free now + 10 freed = 20, the big gang needs 16: 4 spare.
     queue = [gang("big", 16, seq=0), gang("long", 4, seq=1), gang("long2", 1, seq=2)]
@@ -104,14 +128,17 @@ def test_backfilled_gangs_never_delay_the_reservation(
     head = reserved[0]
     position = gangs.index(head)
     admitted = {g.key for g in d.admitted}
-    before = sum(g.total.gpu for g in gangs[:position] if g.key in admitted)
+    ahead = [g for g in gangs[:position] if g.key in admitted]
+    before = sum(g.total.gpu for g in ahead)
     after = [g for g in gangs[position + 1 :] if g.key in admitted]
-    start = admission._reserve(head, gpus(free - before), plan).start
+    # The gangs admitted ahead of it start now: their expected ends count.
+    started = [(NOW + runtimes.get(g.key, math.inf), g.total) for g in ahead]
+    start = admission._reserve(head, gpus(free - before), plan, started).start
     # What the reserved gang sees once the backfilled gangs run: less free now, and what they
     # hold back until their expected ends.
     later = Outlook(
         NOW,
-        [*plan.ends, *((NOW + runtimes.get(g.key, math.inf), g.total) for g in after)],
+        [*plan.ends, *started, *((NOW + runtimes.get(g.key, math.inf), g.total) for g in after)],
         runtimes,
     )
     left = free - before - sum(g.total.gpu for g in after)

@@ -141,6 +141,8 @@ class Decision:
     over_entitlement: list[Waiting] = field(default_factory=list)
     # The cluster's free capacity after this pool's admissions.
     cluster_free: Resources = ZERO
+    # key -> how an admitted gang got past a reservation (BACKFILL, LAS): "backfilled: ...".
+    backfilled: dict[str, str] = field(default_factory=dict)
 
 
 def order(queue: Sequence[Waiting], policy: QueuePolicy, now: float = 0.0) -> list[Waiting]:
@@ -350,6 +352,9 @@ def admit_backfill(
     never: dict[_Shape, str | None] = {}
     told: dict[_Shape, tuple[str, str]] = {}
     rooms: dict[bool, tuple[Resources, Resources]] = {}  # by preemptible: pool room, available
+    # (expected end, what it frees) of the gangs this pass admits: they start now, so a
+    # reservation counts on their ends too (else it waits a cycle for them to run).
+    started: list[tuple[float, Resources]] = []
     for gang in queue:
         shape = (gang.total, gang.preemptible)
         if shape in never:
@@ -382,8 +387,11 @@ def admit_backfill(
                 allocation, free = allocation + gang.total, free - gang.total
                 if not gang.preemptible:
                     np_allocation = np_allocation + gang.total
-                if reserved is not None and not ends_first:
-                    reserved.spare = reserved.spare - gang.total  # still running at its start
+                if reserved is not None:
+                    decision.backfilled[gang.key] = _backfilled(gang, reserved, ends_first, outlook)
+                    if not ends_first:
+                        reserved.spare = reserved.spare - gang.total  # still running at its start
+                started.append((outlook.now + _runtime(gang, outlook), gang.total))
                 told.clear()
                 rooms.clear()
                 continue
@@ -402,7 +410,7 @@ def admit_backfill(
             if within_reservation and gang.total.fits_in(pool_room):
                 decision.starved.append(gang)
         if reserved is None and gang.total.fits_in(room.entitlement):
-            reserved = _reserve(gang, available, outlook, placed_now=not unplaced)
+            reserved = _reserve(gang, available, outlook, started, placed_now=not unplaced)
             decision.pending[gang.key] = (PENDING_RESERVED, _reserved(room, reserved, unplaced))
     decision.cluster_free = free
     return decision
@@ -419,16 +427,21 @@ def _ends_first(gang: Waiting, reserved: _Reservation, outlook: Outlook) -> bool
 
 
 def _reserve(
-    gang: Waiting, available: Resources, outlook: Outlook, placed_now: bool = True
+    gang: Waiting,
+    available: Resources,
+    outlook: Outlook,
+    started: Sequence[tuple[float, Resources]] = (),
+    placed_now: bool = True,
 ) -> _Reservation:
-    """When ``gang`` can start: the first expected end after which what is ``available`` now
-    plus what the gangs ended by then free covers it; what is spare at that time. A gang the
+    """When ``gang`` can start: the first expected end (of the admitted gangs, and of those
+    ``started`` by this pass) after which what is ``available`` now plus what the gangs ended
+    by then free covers it; what is spare at that time. A gang the
     totals fit but the hosts do not (``placed_now`` False) can start no earlier than the first
     expected end, when the hosts' picture changes."""
     have = available
     if placed_now and gang.total.fits_in(have):
         return _Reservation(gang, outlook.now, (have - gang.total).clamp_min_zero())
-    for end, frees in sorted(outlook.ends, key=lambda e: e[0]):
+    for end, frees in sorted([*outlook.ends, *started], key=lambda e: e[0]):
         if end == math.inf:
             break
         have = have + frees
@@ -445,6 +458,17 @@ def _reserved(room: Room, reserved: _Reservation, unplaced: str) -> str:
     )
     why = f"; placement now: {unplaced}" if unplaced else ""
     return f"pool {room.pool}: reserved: {when} (needs {describe(reserved.gang.total)}){why}"
+
+
+def _backfilled(gang: Waiting, reserved: _Reservation, ends_first: bool, outlook: Outlook) -> str:
+    """How an admitted gang got past the reservation: it ends before it starts, or it takes only
+    what the reserved gang leaves spare."""
+    r = reserved.gang
+    if ends_first:
+        ends = _time(datetime.fromtimestamp(outlook.now + _runtime(gang, outlook), UTC))
+        starts = _time(datetime.fromtimestamp(reserved.start, UTC))
+        return f"backfilled: ends by {ends}, before job {r.key}'s reservation at {starts}"
+    return f"backfilled: fits in what job {r.key}'s reservation leaves spare"
 
 
 def _behind(room: Room, reserved: _Reservation) -> str:

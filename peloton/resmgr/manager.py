@@ -590,7 +590,8 @@ class ResourceManager:
             )
             self._explain(decisions.values())
             admitted = [(pool, g) for pool, d in decisions.items() for g in d.admitted]
-            self._admit(admitted[:max_admissions])
+            notes = {k: n for d in decisions.values() for k, n in d.backfilled.items()}
+            self._admit(admitted[:max_admissions], notes)
             self._backlog = max_admissions is not None and len(admitted) > max_admissions
             usage = self._book.usage()
             starved_now: set[str] = set()
@@ -814,11 +815,19 @@ class ResourceManager:
         if told:
             self._jobs.set_pending_reasons(told)
 
-    def _admit(self, gangs: Sequence[tuple[str, Waiting]]) -> None:
-        """Write the cycle's admissions (one transaction) and hand the gangs to placement."""
+    def _admit(
+        self, gangs: Sequence[tuple[str, Waiting]], notes: Mapping[str, str] | None = None
+    ) -> None:
+        """Write the cycle's admissions (one transaction) and hand the gangs to placement;
+        ``notes``: how a gang got past a reservation, added to its message."""
         if not gangs:
             return
-        messages = [f"admitted in pool {pool}: {describe(g.total)}" for pool, g in gangs]
+        notes = notes or {}
+        messages = [
+            f"admitted in pool {pool}: {describe(g.total)}"
+            + (f" ({notes[g.key]})" if g.key in notes else "")
+            for pool, g in gangs
+        ]
         results = self._jobs.admit_pending(
             [(g.key, g.size, m) for (_, g), m in zip(gangs, messages, strict=True)]
         )
