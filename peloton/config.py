@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from peloton.core.containers import DEFAULT_RUNTIME_IMAGE, parse_image
+from peloton.core.term import LeaseTiming
 from peloton.errors import InvalidArgument
 from peloton.storage.db import DbTimeouts, default_sqlite_url
 
@@ -206,6 +207,25 @@ class ServerConfig:
         help="How often health probes the database (NOT_SERVING while it does not answer).",
         min=0.01,
     )
+    # Several daemons on one PostgreSQL database elect the one that schedules by a lease row.
+    daemon_id: str = option(
+        "",
+        help="This daemon's id among several on one PostgreSQL database; with one, the daemon "
+        "takes part in electing the leader [default: none, the only daemon, always the leader].",
+        show_default=False,
+    )
+    leader_lease_ttl_seconds: float = option(
+        12.0,
+        help="With a daemon id: how long the leader lease lasts on the database's clock unless "
+        "renewed; a leader that cannot renew stops leading a fifth of it earlier.",
+        min=0.1,
+    )
+    leader_lease_renew_seconds: float = option(
+        4.0,
+        help="With a daemon id: how often the lease is renewed (and a follower asks for it); "
+        "less than four fifths of the lease's time to live.",
+        min=0.01,
+    )
 
     def __post_init__(self) -> None:
         # A config file gives strings; the rest of peloton wants a Path.
@@ -214,6 +234,10 @@ class ServerConfig:
             parse_image(self.runtime_image)
         except ValueError as exc:
             raise InvalidArgument("runtime_image", str(exc)) from None
+        try:
+            LeaseTiming(self.leader_lease_ttl_seconds, self.leader_lease_renew_seconds)
+        except ValueError as exc:
+            raise InvalidArgument("leader_lease_renew_seconds", str(exc)) from None
 
     @property
     def database_url(self) -> str:
@@ -226,6 +250,10 @@ class ServerConfig:
             pool_seconds=self.db_pool_timeout_seconds,
             connect_seconds=self.db_connect_timeout_seconds,
         )
+
+    @property
+    def leader_lease_timing(self) -> LeaseTiming:
+        return LeaseTiming(self.leader_lease_ttl_seconds, self.leader_lease_renew_seconds)
 
     def mesos_values(self) -> dict[str, Any]:
         """The options that set a MesosSettings field, by that field's name."""

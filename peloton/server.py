@@ -22,6 +22,8 @@ from peloton.core.states import JobState, TaskState
 from peloton.elastic.endpoints import Endpoints, default_host
 from peloton.elastic.metrics import ElasticMetrics
 from peloton.errors import Unavailable
+from peloton.ha.elector import Elector
+from peloton.ha.metrics import LeaderMetrics
 from peloton.hostmgr.hosts import HostRegistry
 from peloton.jobmgr.expiry import ExpiryTimer
 from peloton.jobmgr.manager import JobManager
@@ -32,8 +34,9 @@ from peloton.resmgr.manager import ResourceManager
 from peloton.resmgr.metrics import ResmgrMetrics
 from peloton.storage import jobs as job_repo
 from peloton.storage import migrate
-from peloton.storage.db import Database
+from peloton.storage.db import Database, make_engine
 from peloton.storage.hosts import SqlHostStore
+from peloton.storage.leases import SqlLeaseStore, require_shared_database
 from peloton.storage.pools import SqlPoolStore
 from peloton.storage.probe import DatabaseProbe
 from peloton.v1 import host_pb2, host_pb2_grpc, job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
@@ -80,6 +83,9 @@ class Server:
         self._grpc: GrpcServer | None = None
         self._probe: DatabaseProbe | None = None
         self._metrics_http: object | None = None
+        self._elector: Elector | None = None
+        self._lease_db: Database | None = None
+        self._leader_metrics = LeaderMetrics(self.metrics.registry, self.leads)
         self._stopped = threading.Event()
         self._started = False  # start() finished: there is a running daemon to log about
 
@@ -89,6 +95,8 @@ class Server:
         db = Database.from_url(url, self.config.db_timeouts)
         try:
             migrate.ensure_current(db.engine, make_url(url).render_as_string(hide_password=True))
+            if self.config.daemon_id:
+                require_shared_database(db)
         except Exception:
             db.dispose()
             raise
@@ -149,6 +157,8 @@ class Server:
             self.launcher.start()
         self._grpc.start()
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        if self.config.daemon_id:
+            self._start_election(url)
         self._probe = DatabaseProbe(
             url, self.config.db_timeouts, self.config.db_probe_interval_seconds, self._on_probe
         )
@@ -164,6 +174,23 @@ class Server:
         )
         if not self.config.mesos_master:
             log.warning("no Mesos master configured (mesos_master): jobs wait, nothing launches")
+
+    def leads(self) -> bool:
+        """Whether this daemon is the leader now: always without a daemon id (the only one)."""
+        return self._elector is None or self._elector.leads()
+
+    def _start_election(self, url: str) -> None:
+        """Take part in electing the leader among the daemons on this database. This phase
+        only elects and reports: the scheduling components run on every daemon as before."""
+        c = self.config
+        # One connection of its own: a pool exhausted by RPCs must not cost the lease.
+        self._lease_db = Database(
+            make_engine(url, pool_size=1, timeouts=c.db_timeouts), c.db_timeouts
+        )
+        store = SqlLeaseStore(self._lease_db, c.daemon_id)
+        address = f"{c.grpc_host}:{self.grpc_port}"
+        self._elector = Elector(store, address, c.leader_lease_timing, self._leader_metrics)
+        self._elector.start()
 
     def _set_health(self, status: ServingStatus) -> None:
         assert self._grpc is not None
@@ -245,6 +272,10 @@ class Server:
             log.info("peloton server stopping", extra={"grace_seconds": grace})
         if self.jobs is not None:
             self.jobs.events.close()
+        if self._elector is not None:
+            self._elector.stop()  # releases the lease: another daemon takes over at once
+        if self._lease_db is not None:
+            self._lease_db.dispose()
         if self._grpc is not None:
             # Ends the watches; RPCs still running after grace are cancelled, and their
             # queries with them.

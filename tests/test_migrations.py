@@ -33,6 +33,8 @@ TABLES = {
     "pools",
     "hosts",
     "frameworks",
+    "leader_leases",
+    "daemons",
 }
 # The tables of revision PREVIOUS.
 PREVIOUS_TABLES = {"jobs", "job_labels", "tasks", "job_events"}

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from peloton.cli import db, hosts, jobs, minicluster, pools, server, simulate
+from peloton.cli import cluster, db, hosts, jobs, minicluster, pools, server, simulate
 from peloton.cli.common import CliError, cli_error, usage_error
 from peloton.client import default_server, server_address
 
@@ -85,6 +85,7 @@ cli.add_command(pools.pool)
 cli.add_command(hosts.host)
 cli.add_command(server.server)
 cli.add_command(db.db)
+cli.add_command(cluster.cluster)
 cli.add_command(simulate.simulate)
 
 

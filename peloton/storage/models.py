@@ -258,3 +258,34 @@ class FrameworkRow(Base):
     name: Mapped[str] = mapped_column(String(255), primary_key=True)
     framework_id: Mapped[str] = mapped_column(String(255))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class LeaderLeaseRow(Base):
+    """The lease that makes one of several daemons on this database the leader (the one that
+    schedules). Times are the database's own (``now()``); see :mod:`peloton.storage.leases`."""
+
+    __tablename__ = "leader_leases"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # The daemon id (``--daemon-id``) that holds or last held the lease.
+    holder: Mapped[str] = mapped_column(String(255))
+    # Raised by every takeover: the fencing token of the holder's term.
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    # When the holder acquired it (the start of its term) and last renewed it.
+    acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    renewed_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Past this, any daemon may take the lease over.
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class DaemonRow(Base):
+    """A daemon that runs with a daemon id, and when it last asked for the lease (its
+    heartbeat, on the database's clock)."""
+
+    __tablename__ = "daemons"
+
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # Where its gRPC API listens (host:port).
+    address: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)

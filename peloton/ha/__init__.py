@@ -1,0 +1,1 @@
+"""Several daemons on one database: the leader lease and the election of the one that schedules."""

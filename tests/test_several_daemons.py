@@ -1,0 +1,259 @@
+"""Several ``peloton server`` processes on one PostgreSQL database elect one leader by the lease:
+exactly one leads; a killed leader is replaced within the lease's time to live; a paused one is
+replaced under a higher epoch and, resumed, has already stopped leading on its own clock.
+``peloton cluster status`` shows it all."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon import (
+    ROOT,
+    DaemonProcess,
+    error_line,
+    run_peloton,
+    scrape_metrics,
+    wait_for,
+)
+
+TTL = 3.0
+RENEW = 0.5
+# A follower takes over at most a renewal after the lease expired; the rest is for a busy machine.
+TAKEOVER_SECONDS = TTL + RENEW + 5
+on_postgresql = pytest.mark.parametrize("backend", ["postgresql"])
+on_sqlite = pytest.mark.parametrize("backend", ["sqlite"])
+START_SECONDS = 30
+
+
+def start(db_url: str, workdir: Path, daemon_id: str) -> DaemonProcess:
+    args = [
+        "--db-url",
+        db_url,
+        "--data-dir",
+        str(workdir / "data"),
+        "--grpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--daemon-id",
+        daemon_id,
+        "--leader-lease-ttl-seconds",
+        str(TTL),
+        "--leader-lease-renew-seconds",
+        str(RENEW),
+        "--log-format",
+        "text",
+    ]
+    return DaemonProcess(workdir / daemon_id, args)
+
+
+@pytest.fixture
+def daemons(db_url: str, tmp_path: Path) -> Iterator[dict[str, DaemonProcess]]:
+    procs: dict[str, DaemonProcess] = {}
+    try:
+        # One after the other: two daemons starting on a new database at the same instant both
+        # create the /default pool, and one exits (README "Several daemons").
+        for name in ("a", "b"):
+            procs[name] = start(db_url, tmp_path, name)
+            procs[name].wait_ready()
+        yield procs
+    finally:
+        for proc in procs.values():
+            if proc.proc.poll() is None:
+                proc.proc.send_signal(signal.SIGCONT)  # a stopped process ignores SIGKILL's wait
+            proc.close()
+
+
+def leader_gauge(proc: DaemonProcess) -> float:
+    return scrape_metrics(proc.metrics_port)[("peloton_leader", ())]
+
+
+def cluster_status(db_url: str) -> dict[str, Any]:
+    # The daemons' time to live, by which status judges their heartbeats.
+    ttl = ["--leader-lease-ttl-seconds", str(TTL)]
+    result = run_peloton("cluster", "status", "--db-url", db_url, *ttl, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def wait_leader(db_url: str, among: dict[str, DaemonProcess], timeout: float) -> str:
+    """The one daemon of ``among`` that both the database and its own gauge say leads."""
+
+    def one() -> str | None:
+        leaders = [name for name, proc in among.items() if leader_gauge(proc) == 1]
+        held = cluster_status(db_url)["leader"]
+        return leaders[0] if leaders == [held] else None
+
+    return wait_for(
+        one,
+        timeout,
+        "exactly one leader",
+        interval=0.1,
+        state=lambda: (
+            {name: leader_gauge(proc) for name, proc in among.items()},
+            cluster_status(db_url),
+        ),
+    )
+
+
+def replace_leader(
+    db_url: str, daemons: dict[str, DaemonProcess], stop: Callable[[DaemonProcess], object]
+) -> tuple[str, str]:
+    """Stop the leader with ``stop``; the other takes over under the next epoch in time.
+    Returns the old leader and the new."""
+    leader = wait_leader(db_url, daemons, TAKEOVER_SECONDS)
+    epoch = cluster_status(db_url)["lease"]["epoch"]
+    stop(daemons[leader])
+    rest = {name: proc for name, proc in daemons.items() if name != leader}
+    successor = wait_leader(db_url, rest, TAKEOVER_SECONDS)
+    status = cluster_status(db_url)
+    assert status["lease"]["epoch"] == epoch + 1, status
+    return leader, successor
+
+
+@on_postgresql
+def test_exactly_one_leads_and_status_shows_both(
+    db_url: str, daemons: dict[str, DaemonProcess]
+) -> None:
+    leader = wait_leader(db_url, daemons, TAKEOVER_SECONDS)
+    follower = "b" if leader == "a" else "a"
+    assert leader_gauge(daemons[follower]) == 0
+    status = cluster_status(db_url)
+    assert status["lease"]["holder"] == leader and status["lease"]["epoch"] >= 1
+    assert not status["lease"]["expired"]
+    by_id = {d["daemon_id"]: d for d in status["daemons"]}
+    assert set(by_id) == {"a", "b"}
+    assert by_id[leader]["leader"] and not by_id[follower]["leader"]
+    wait_for(
+        lambda: all(d["healthy"] for d in cluster_status(db_url)["daemons"]),
+        TAKEOVER_SECONDS,
+        "both daemons healthy",
+        state=lambda: cluster_status(db_url),
+    )
+    assert by_id["a"]["address"] == daemons["a"].address
+    metrics = scrape_metrics(daemons[leader].metrics_port)
+    assert metrics[("peloton_leader_changes_total", ())] >= 1
+    assert metrics[("peloton_leader_lease_renew_seconds_count", ())] >= 1
+    table = run_peloton("cluster", "status", "--db-url", db_url)
+    assert table.returncode == 0, table.stderr
+    assert f"leader:  {leader} (epoch " in table.stdout
+    assert "follower" in table.stdout and "healthy" in table.stdout
+
+
+@on_postgresql
+def test_a_killed_leader_is_replaced_within_the_time_to_live(
+    db_url: str, daemons: dict[str, DaemonProcess]
+) -> None:
+    leader, successor = replace_leader(db_url, daemons, DaemonProcess.kill)
+    status = cluster_status(db_url)
+    assert {d["daemon_id"]: d["leader"] for d in status["daemons"]} == {
+        leader: False,
+        successor: True,
+    }
+    # The killed daemon stops heartbeating: status calls it silent once its time to live is up.
+    wait_for(
+        lambda: (
+            not {d["daemon_id"]: d for d in cluster_status(db_url)["daemons"]}[leader]["healthy"]
+        ),
+        TAKEOVER_SECONDS,
+        "the killed daemon to be silent",
+        interval=0.2,
+        state=lambda: cluster_status(db_url),
+    )
+
+
+@on_postgresql
+def test_a_paused_leader_is_replaced_and_has_stepped_down_when_it_resumes(
+    db_url: str, daemons: dict[str, DaemonProcess]
+) -> None:
+    leader, _ = replace_leader(db_url, daemons, lambda p: p.proc.send_signal(signal.SIGSTOP))
+    paused = daemons[leader]
+    paused.proc.send_signal(signal.SIGCONT)
+    # Its very first answer after resuming: its term ended on its own clock while it was paused,
+    # before the lease could expire on the database's; it never led beside the new leader.
+    assert leader_gauge(paused) == 0
+    wait_for(
+        lambda: "no longer the leader" in paused.stderr,
+        TAKEOVER_SECONDS,
+        "the resumed daemon to log that it stepped down",
+        state=lambda: paused.stderr,
+    )
+    assert wait_leader(db_url, daemons, TAKEOVER_SECONDS) != leader
+
+
+@on_sqlite
+def test_status_on_sqlite_says_it_is_one_daemon(db_url: str) -> None:
+    result = run_peloton("cluster", "status", "--db-url", db_url)
+    assert result.returncode == 1
+    assert "need PostgreSQL" in error_line(result)
+
+
+@on_sqlite
+def test_a_daemon_id_on_sqlite_is_refused_in_one_line(db_url: str, tmp_path: Path) -> None:
+    args = ["--db-url", db_url, "--grpc-port", "0", "--metrics-port", "0", "--daemon-id", "a"]
+    with DaemonProcess(tmp_path / "d", args) as proc:
+        assert proc.wait_exit(START_SECONDS) == 1
+        assert "need PostgreSQL" in proc.stderr.splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------- README
+
+
+README_DB = "postgresql://peloton@db/peloton"
+
+
+def readme_block() -> str:
+    section = (ROOT / "README.md").read_text().split("\n## Several daemons\n", 1)[1]
+    return section.split("\n## ", 1)[0].split("\n```\n", 2)[1]
+
+
+@on_postgresql
+def test_the_readme_block_runs_as_written(db_url: str, tmp_path: Path) -> None:
+    """The block's commands in order, on the test's database and on ports the kernel picks; the
+    daemons it starts in the background (``&``) are waited for before the status."""
+    text = readme_block().replace(README_DB, db_url)
+    # Ports the kernel picks (the daemons tell them in their port files).
+    text = re.sub(r"--(grpc|metrics)-port \d+", r"--\1-port 0", text)
+    env = {"XDG_DATA_HOME": str(tmp_path / "data")}
+    started: list[DaemonProcess] = []
+    try:
+        for line in text.splitlines():
+            words = shlex.split(line.removesuffix("&"))
+            assert words[0] == "peloton", line
+            if line.endswith("&"):
+                assert words[1] == "server", line
+                proc = DaemonProcess(tmp_path / f"d{len(started)}", words[2:], env=env)
+                started.append(proc.wait_ready())
+                continue
+            result = wait_for(
+                lambda words=words: ok_with_leader(run_peloton(*words[1:], env=env)),
+                TAKEOVER_SECONDS,
+                f"{line!r} to succeed (and to name a leader, if it is the status)",
+            )
+        assert re.match(r"leader:  [ab] \(epoch \d+, since ", result.stdout), result.stdout
+    finally:
+        for proc in started:
+            proc.close()
+
+
+def ok_with_leader(
+    result: subprocess.CompletedProcess[str],
+) -> subprocess.CompletedProcess[str] | None:
+    assert result.returncode == 0, result.stderr
+    return None if result.stdout.startswith("leader:  none") else result
+
+
+def test_a_renewal_that_does_not_fit_the_time_to_live_is_a_usage_error() -> None:
+    timing = ["--leader-lease-ttl-seconds", "1", "--leader-lease-renew-seconds", "1"]
+    result = run_peloton("server", "--daemon-id", "a", *timing)
+    assert result.returncode == 2
+    assert error_line(result).startswith("error: invalid: leader_lease_renew_seconds: ")
