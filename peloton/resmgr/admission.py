@@ -89,6 +89,87 @@ class _Reservation:
     spare: Resources
 
 
+@dataclass
+class _Pass:
+    """One admission pass over a pool's queue: what it has admitted so far (the pool's
+    allocation, the cluster's free capacity) and what it has worked out per gang shape, which
+    holds until the next admission. :func:`admit` and :func:`admit_backfill` share it."""
+
+    room: Room
+    capacity: Resources
+    lost: Sequence[LostHost]
+    decision: Decision
+    allocation: Resources = ZERO
+    np_allocation: Resources = ZERO
+    never: dict[_Shape, str | None] = field(default_factory=dict)
+    told: dict[_Shape, tuple[str, str]] = field(default_factory=dict)
+    # By preemptible: (what the pool's entitlement leaves, what the gang may take now).
+    rooms: dict[bool, tuple[Resources, Resources]] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls, room: Room, cluster_free: Resources, capacity: Resources, lost: Sequence[LostHost]
+    ) -> _Pass:
+        decision = Decision(cluster_free=cluster_free)
+        return cls(room, capacity, lost, decision, room.allocation, room.np_allocation)
+
+    def excluded(self, gang: Waiting, shape: _Shape) -> bool:
+        """Whether ``gang`` is out of this pass, its reason recorded: it can never fit
+        (infeasible), or it fits the cluster only with hosts lost recently (it waits for them)."""
+        if shape not in self.never:
+            counted = self.capacity + lost_total(self.lost)  # lost hosts may come back
+            self.never[shape] = infeasibility(gang, self.room, counted)
+        why_never = self.never[shape]
+        if why_never is not None:
+            self.decision.infeasible[gang.key] = (INFEASIBLE, why_never)
+            return True
+        if self.lost and not gang.total.fits_in(self.capacity):
+            self.decision.pending[gang.key] = (
+                PENDING_CLUSTER,
+                _waits_for_lost(gang, self.capacity, self.lost),
+            )
+            return True
+        return False
+
+    def available(self, gang: Waiting) -> tuple[Resources, Resources]:
+        """What the pool's entitlement leaves, and what ``gang`` may take now (its pool's room
+        and the cluster's free capacity; a non-preemptible gang also its pool's reservation)."""
+        if gang.preemptible not in self.rooms:
+            pool_room = self.room.entitlement - self.allocation
+            available = _min(pool_room, self.decision.cluster_free)
+            if not gang.preemptible:
+                available = _min(available, self.room.reservation - self.np_allocation)
+            self.rooms[gang.preemptible] = (pool_room, available)
+        return self.rooms[gang.preemptible]
+
+    def take(self, gang: Waiting) -> None:
+        """Admits ``gang``: it is allocated, the cluster has that much less free."""
+        self.decision.admitted.append(gang)
+        self.allocation = self.allocation + gang.total
+        self.decision.cluster_free = self.decision.cluster_free - gang.total
+        if not gang.preemptible:
+            self.np_allocation = self.np_allocation + gang.total
+        self.told.clear()
+        self.rooms.clear()
+
+    def wait(self, gang: Waiting, shape: _Shape, pool_room: Resources) -> None:
+        """Records why ``gang``, which does not fit now, waits; and whether preemption may
+        free capacity for it (over its entitlement, or starved of what it is entitled to)."""
+        why = self.told.get(shape)
+        if why is None:
+            why = self.told[shape] = _why_waiting(
+                gang, self.room, self.allocation, self.np_allocation, self.decision.cluster_free
+            )
+        self.decision.pending[gang.key] = why
+        if why[0] == PENDING_ENTITLEMENT:
+            self.decision.over_entitlement.append(gang)
+        within_reservation = gang.preemptible or gang.total.fits_in(
+            self.room.reservation - self.np_allocation
+        )
+        if within_reservation and gang.total.fits_in(pool_room):
+            self.decision.starved.append(gang)
+
+
 @dataclass(frozen=True)
 class Room:
     """What one leaf pool has to admit into."""
@@ -212,46 +293,30 @@ def admit(
     fits the cluster only with them waits for them (holding nothing) instead of failing.
     ``outlook``: admit as the BACKFILL and LAS pools do (see :func:`admit_backfill`).
     """
-    decision = Decision(cluster_free=cluster_free)
     if capacity is None:
+        decision = Decision(cluster_free=cluster_free)
         for gang in queue:
             decision.pending[gang.key] = (PENDING_NO_HOSTS, no_hosts)
         return decision
     if outlook is not None:
         return admit_backfill(queue, room, cluster_free, capacity, lost, outlook)
-    counted = capacity + lost_total(lost)
-    allocation, np_allocation = room.allocation, room.np_allocation
-    free = cluster_free
+    run = _Pass.of(room, cluster_free, capacity, lost)
     held = ZERO  # what the blocked gangs ahead still need
     blocker: Waiting | None = None
     behind: tuple[str, str] | None = None  # the reason of gangs behind it (built once)
-    # Gangs of one shape are decided alike: whether they can ever fit, why they do not fit now
-    # (until a gang is admitted), and whether they may pass the blocked gangs ahead. A shape that
-    # may not stays so for the rest of the queue, as what is available only shrinks and what is
-    # held only grows: a long queue behind a blocked gang (mostly of a few shapes) costs a lookup
-    # per gang.
-    never: dict[_Shape, str | None] = {}
-    told: dict[_Shape, tuple[str, str]] = {}
+    # Gangs of one shape are decided alike (see _Pass), and whether they may pass the blocked
+    # gangs ahead: a shape that may not stays so for the rest of the queue, as what is
+    # available only shrinks and what is held only grows; a long queue behind a blocked gang
+    # (mostly of a few shapes) costs a lookup per gang.
     stuck: set[_Shape] = set()
     for gang in queue:
         shape = (gang.total, gang.preemptible)
         if behind is not None and shape in stuck:
-            decision.pending[gang.key] = behind
+            run.decision.pending[gang.key] = behind
             continue
-        if shape in never:
-            why_never = never[shape]
-        else:
-            why_never = never[shape] = infeasibility(gang, room, counted)
-        if why_never is not None:
-            decision.infeasible[gang.key] = (INFEASIBLE, why_never)
+        if run.excluded(gang, shape):
             continue
-        if lost and not gang.total.fits_in(capacity):
-            decision.pending[gang.key] = (PENDING_CLUSTER, _waits_for_lost(gang, capacity, lost))
-            continue
-        pool_room = room.entitlement - allocation
-        available = _min(pool_room, free)
-        if not gang.preemptible:
-            available = _min(available, room.reservation - np_allocation)
+        pool_room, available = run.available(gang)
         if blocker is not None and not _passes(gang.total, available, held):
             if behind is None:
                 behind = (
@@ -260,34 +325,18 @@ def admit(
                     f"(priority {blocker.priority}, needs {describe(blocker.total)}), "
                     f"which is first in line for what it needs",
                 )
-            decision.pending[gang.key] = behind
+            run.decision.pending[gang.key] = behind
             stuck.add(shape)
             continue
         if gang.total.fits_in(available):
-            decision.admitted.append(gang)
-            allocation = allocation + gang.total
-            free = free - gang.total
-            if not gang.preemptible:
-                np_allocation = np_allocation + gang.total
-            told.clear()
+            run.take(gang)
             continue
-        why = told.get(shape)
-        if why is None:
-            why = told[shape] = _why_waiting(gang, room, allocation, np_allocation, free)
-        decision.pending[gang.key] = why
-        if why[0] == PENDING_ENTITLEMENT:
-            decision.over_entitlement.append(gang)
-        within_reservation = gang.preemptible or gang.total.fits_in(
-            room.reservation - np_allocation
-        )
-        if within_reservation and gang.total.fits_in(pool_room):
-            decision.starved.append(gang)
+        run.wait(gang, shape, pool_room)
         if gang.total.fits_in(room.entitlement):
             # It will fit once capacity frees up: hold that capacity for it.
             held = held + gang.total
             blocker = blocker or gang
-    decision.cluster_free = free
-    return decision
+    return run.decision
 
 
 def admit_all(
@@ -340,40 +389,18 @@ def admit_backfill(
     is unknown can only use the spare; with no expected end known at all, the reservation holds
     what it needs, as reserve-ahead does.
     """
-    decision = Decision(cluster_free=cluster_free)
-    counted = capacity + lost_total(lost)
-    allocation, np_allocation = room.allocation, room.np_allocation
-    free = cluster_free
+    run = _Pass.of(room, cluster_free, capacity, lost)
+    decision = run.decision
     reserved: _Reservation | None = None
     behind: tuple[str, str] | None = None  # the reason of gangs that would delay it (built once)
-    # Gangs of one shape are told alike (see admit): whether they can ever fit, and why they do
-    # not fit now until a gang is admitted; and what is available to a preemptible gang and to
-    # another is the same until then.
-    never: dict[_Shape, str | None] = {}
-    told: dict[_Shape, tuple[str, str]] = {}
-    rooms: dict[bool, tuple[Resources, Resources]] = {}  # by preemptible: pool room, available
     # (expected end, what it frees) of the gangs this pass admits: they start now, so a
     # reservation counts on their ends too (else it waits a cycle for them to run).
     started: list[tuple[float, Resources]] = []
     for gang in queue:
         shape = (gang.total, gang.preemptible)
-        if shape in never:
-            why_never = never[shape]
-        else:
-            why_never = never[shape] = infeasibility(gang, room, counted)
-        if why_never is not None:
-            decision.infeasible[gang.key] = (INFEASIBLE, why_never)
+        if run.excluded(gang, shape):
             continue
-        if lost and not gang.total.fits_in(capacity):
-            decision.pending[gang.key] = (PENDING_CLUSTER, _waits_for_lost(gang, capacity, lost))
-            continue
-        if gang.preemptible not in rooms:
-            pool_room = room.entitlement - allocation
-            available = _min(pool_room, free)
-            if not gang.preemptible:
-                available = _min(available, room.reservation - np_allocation)
-            rooms[gang.preemptible] = (pool_room, available)
-        pool_room, available = rooms[gang.preemptible]
+        pool_room, available = run.available(gang)
         unplaced = ""
         if gang.total.fits_in(available):
             ends_first = reserved is not None and _ends_first(gang, reserved, outlook)
@@ -383,36 +410,20 @@ def admit_backfill(
                 continue
             why = outlook.place(gang) if outlook.place is not None else None
             if why is None:
-                decision.admitted.append(gang)
-                allocation, free = allocation + gang.total, free - gang.total
-                if not gang.preemptible:
-                    np_allocation = np_allocation + gang.total
+                run.take(gang)
                 if reserved is not None:
                     decision.backfilled[gang.key] = _backfilled(gang, reserved, ends_first, outlook)
                     if not ends_first:
                         reserved.spare = reserved.spare - gang.total  # still running at its start
                 started.append((outlook.now + _runtime(gang, outlook), gang.total))
-                told.clear()
-                rooms.clear()
                 continue
             unplaced = why
             decision.pending[gang.key] = (PENDING_PLACEMENT, f"placement: {why}")
         else:
-            why_not = told.get(shape)
-            if why_not is None:
-                why_not = told[shape] = _why_waiting(gang, room, allocation, np_allocation, free)
-            decision.pending[gang.key] = why_not
-            if why_not[0] == PENDING_ENTITLEMENT:
-                decision.over_entitlement.append(gang)
-            within_reservation = gang.preemptible or gang.total.fits_in(
-                room.reservation - np_allocation
-            )
-            if within_reservation and gang.total.fits_in(pool_room):
-                decision.starved.append(gang)
+            run.wait(gang, shape, pool_room)
         if reserved is None and gang.total.fits_in(room.entitlement):
             reserved = _reserve(gang, available, outlook, started, placed_now=not unplaced)
             decision.pending[gang.key] = (PENDING_RESERVED, _reserved(room, reserved, unplaced))
-    decision.cluster_free = free
     return decision
 
 
