@@ -242,12 +242,19 @@ def read_csv(path: str | Path) -> list[TraceJob]:
         raise TraceError(f"{path}: not UTF-8 text") from None
 
 
-def parse_csv(f: TextIO, name: str = "trace") -> list[TraceJob]:
+def _reader(f: TextIO, name: str, columns: Sequence[str]) -> tuple[csv.DictReader[str], list[str]]:
+    """A reader of the CSV ``f`` and its header (names stripped); TraceError if it has none
+    (``columns``: the header expected, for the message)."""
     reader = csv.DictReader(f)
     header = [h.strip() for h in (reader.fieldnames or [])]
     if not header:
-        raise TraceError(f"{name}: empty; expected a header: {','.join(COLUMNS)}")
+        raise TraceError(f"{name}: empty; expected a header: {','.join(columns)}")
     reader.fieldnames = header
+    return reader, header
+
+
+def parse_csv(f: TextIO, name: str = "trace") -> list[TraceJob]:
+    reader, header = _reader(f, name, COLUMNS)
     unknown = [h for h in header if h not in COLUMNS]
     if unknown:
         raise TraceError(
@@ -586,11 +593,7 @@ def itp_jobs(
     (ties in file order), each with its validated spec."""
     if not 1 <= gpus_per_host <= MAX_GPU:
         raise ValueError(f"gpus per host: must be in [1, {MAX_GPU}] (got {gpus_per_host})")
-    reader = csv.DictReader(f)
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    if not header:
-        raise TraceError(f"{name}: empty; expected a header: {','.join(ITP_COLUMNS)}")
-    reader.fieldnames = header
+    reader, header = _reader(f, name, ITP_COLUMNS)
     missing = [c for c in ITP_COLUMNS if c not in header]
     if missing:
         raise TraceError(
