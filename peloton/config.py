@@ -211,7 +211,9 @@ class ServerConfig:
     daemon_id: str = option(
         "",
         help="This daemon's id among several on one PostgreSQL database; with one, the daemon "
-        "takes part in electing the leader [default: none, the only daemon, always the leader].",
+        "takes part in electing the leader, and schedules (and subscribes to Mesos) only while "
+        "it leads; a leader that loses the lease exits with status 75 [default: none, the only "
+        "daemon, always the leader].",
         show_default=False,
     )
     leader_lease_ttl_seconds: float = option(

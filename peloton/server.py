@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
+import grpc
 from grpc_health.v1 import health_pb2
 from sqlalchemy.engine import make_url
 
@@ -21,9 +24,12 @@ from peloton.config import ServerConfig
 from peloton.core.states import JobState, TaskState
 from peloton.elastic.endpoints import Endpoints, default_host
 from peloton.elastic.metrics import ElasticMetrics
-from peloton.errors import Unavailable
+from peloton.errors import FailedPrecondition, Unavailable
 from peloton.ha.elector import Elector
+from peloton.ha.fence import LeaderFence
+from peloton.ha.kills import LeaderKills
 from peloton.ha.metrics import LeaderMetrics
+from peloton.ha.sync import Sync
 from peloton.hostmgr.hosts import HostRegistry
 from peloton.jobmgr.expiry import ExpiryTimer
 from peloton.jobmgr.manager import JobManager
@@ -36,7 +42,11 @@ from peloton.storage import jobs as job_repo
 from peloton.storage import migrate
 from peloton.storage.db import Database, make_engine
 from peloton.storage.hosts import SqlHostStore
-from peloton.storage.leases import SqlLeaseStore, require_shared_database
+from peloton.storage.leases import (
+    SqlLeaseStore,
+    end_idle_transactions,
+    require_shared_database,
+)
 from peloton.storage.pools import SqlPoolStore
 from peloton.storage.probe import DatabaseProbe
 from peloton.v1 import host_pb2, host_pb2_grpc, job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
@@ -60,8 +70,76 @@ SERVICE_NAMES = (
 )
 
 
+# The exit status of a leader that lost its lease (EX_TEMPFAIL): its supervisor starts it again,
+# as a follower (see Server._deposed).
+DEPOSED_EXIT = 75
+
+
 # The pending reason of every gang of a daemon that has no Mesos master to launch on.
 NO_MASTER = f"{NO_HOSTS_YET}: no Mesos master is configured (--mesos-master), nothing launches"
+
+
+def require_leader(leads: Callable[[], bool], what: str) -> None:
+    """Refuse a change that only the leader's in-memory state may take (several daemons)."""
+    if not leads():
+        raise FailedPrecondition(
+            f"this daemon does not lead: {what} through the leader "
+            "(`peloton cluster status` names it)"
+        )
+
+
+class LeaderPoolService(PoolService):
+    """Pools change only through the leader, whose resource manager decides with them at once;
+    a follower serves pool reads (it re-reads the pools the leader writes)."""
+
+    def __init__(self, resmgr: ResourceManager, leads: Callable[[], bool]) -> None:
+        super().__init__(resmgr)
+        self._leads = leads
+
+    def CreatePool(
+        self, request: pool_pb2.CreatePoolRequest, context: grpc.ServicerContext
+    ) -> pool_pb2.CreatePoolResponse:
+        require_leader(self._leads, "change pools")
+        return super().CreatePool(request, context)
+
+    def UpdatePool(
+        self, request: pool_pb2.UpdatePoolRequest, context: grpc.ServicerContext
+    ) -> pool_pb2.UpdatePoolResponse:
+        require_leader(self._leads, "change pools")
+        return super().UpdatePool(request, context)
+
+    def DeletePool(
+        self, request: pool_pb2.DeletePoolRequest, context: grpc.ServicerContext
+    ) -> pool_pb2.DeletePoolResponse:
+        require_leader(self._leads, "change pools")
+        return super().DeletePool(request, context)
+
+
+class LeaderHostService(HostService):
+    """Hosts drain only through the leader, whose host registry places tasks (a follower's is
+    what the database held when it started)."""
+
+    def __init__(
+        self,
+        hosts: HostRegistry,
+        jobs: JobManager,
+        hostmgr: HostManager | None,
+        leads: Callable[[], bool],
+    ) -> None:
+        super().__init__(hosts, jobs, hostmgr)
+        self._leads = leads
+
+    def DrainHost(
+        self, request: host_pb2.DrainHostRequest, context: grpc.ServicerContext
+    ) -> host_pb2.DrainHostResponse:
+        require_leader(self._leads, "drain hosts")
+        return super().DrainHost(request, context)
+
+    def UndrainHost(
+        self, request: host_pb2.UndrainHostRequest, context: grpc.ServicerContext
+    ) -> host_pb2.UndrainHostResponse:
+        require_leader(self._leads, "undrain hosts")
+        return super().UndrainHost(request, context)
 
 
 class Server:
@@ -84,7 +162,11 @@ class Server:
         self._probe: DatabaseProbe | None = None
         self._metrics_http: object | None = None
         self._elector: Elector | None = None
+        self._sync: Sync | None = None
+        self._kills: LeaderKills | None = None
         self._lease_db: Database | None = None
+        # start() and stop() against a takeover that starts the scheduling components.
+        self._lifecycle = threading.Lock()
         self._leader_metrics = LeaderMetrics(self.metrics.registry, self.leads)
         self._stopped = threading.Event()
         self._started = False  # start() finished: there is a running daemon to log about
@@ -97,6 +179,9 @@ class Server:
             migrate.ensure_current(db.engine, make_url(url).render_as_string(hide_password=True))
             if self.config.daemon_id:
                 require_shared_database(db)
+                # A healthy daemon's transaction never idles half a lease between statements; one
+                # paused inside a transaction delays its successor by that much at most.
+                end_idle_transactions(db, self.config.leader_lease_ttl_seconds / 2)
         except Exception:
             db.dispose()
             raise
@@ -133,11 +218,19 @@ class Server:
         job_pb2_grpc.add_JobServiceServicer_to_server(
             JobService(self.jobs, self._grpc.watches), server
         )
-        pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolService(self.resmgr), server)
-        assert self.hosts is not None
-        host_pb2_grpc.add_HostServiceServicer_to_server(
-            HostService(self.hosts, self.jobs, self.hostmgr), server
+        pools = (
+            LeaderPoolService(self.resmgr, self.leads)
+            if self.config.daemon_id
+            else PoolService(self.resmgr)
         )
+        pool_pb2_grpc.add_PoolServiceServicer_to_server(pools, server)
+        assert self.hosts is not None
+        hosts = (
+            LeaderHostService(self.hosts, self.jobs, self.hostmgr, self.leads)
+            if self.config.daemon_id
+            else HostService(self.hosts, self.jobs, self.hostmgr)
+        )
+        host_pb2_grpc.add_HostServiceServicer_to_server(hosts, server)
         address = f"{self.config.grpc_host}:{self.config.grpc_port}"
         self.grpc_port = self._grpc.bind(address, SERVICE_NAMES)
         metrics_address = f"{self.config.metrics_host}:{self.config.metrics_port}"
@@ -148,13 +241,13 @@ class Server:
         self._metrics_http = http
         self.metrics_port = http.server_port
 
-        # Both ports are ours: rebuild the scheduling state, then take requests.
-        self.resmgr.load()  # also sends placements the previous daemon left unlaunched back
-        self.resmgr.start()
-        self.expiry.start()
-        if self.hostmgr is not None and self.launcher is not None:
-            self.hostmgr.start()
-            self.launcher.start()
+        # Both ports are ours: rebuild the scheduling state, then take requests. With several
+        # daemons only the leader schedules, from when it leads (_take_over); until then this
+        # one serves the API, and checks new jobs' pools against the stored tree.
+        if self.config.daemon_id:
+            self.resmgr.load_pools()
+        else:
+            self._start_scheduling()
         self._grpc.start()
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if self.config.daemon_id:
@@ -179,18 +272,96 @@ class Server:
         """Whether this daemon is the leader now: always without a daemon id (the only one)."""
         return self._elector is None or self._elector.leads()
 
+    def _start_scheduling(self) -> None:
+        """Rebuild the scheduling state from the database and start what decides and launches:
+        at start for the only daemon, on taking the lease over for one of several."""
+        assert self.resmgr is not None and self.expiry is not None
+        self.resmgr.load()  # also sends placements the previous daemon left unlaunched back
+        self.resmgr.start()
+        self.expiry.start()
+        if self.hostmgr is not None and self.launcher is not None:
+            self.hostmgr.start()  # subscribes under the stored framework id: tasks run on
+            self.launcher.start()
+
     def _start_election(self, url: str) -> None:
-        """Take part in electing the leader among the daemons on this database. This phase
-        only elects and reports: the scheduling components run on every daemon as before."""
+        """Take part in electing the leader among the daemons on this database: schedule from
+        when this daemon leads, exit when it stops leading (see _deposed)."""
         c = self.config
+        assert self.jobs is not None and self.resmgr is not None
         # One connection of its own: a pool exhausted by RPCs must not cost the lease.
         self._lease_db = Database(
             make_engine(url, pool_size=1, timeouts=c.db_timeouts), c.db_timeouts
         )
         store = SqlLeaseStore(self._lease_db, c.daemon_id)
         address = f"{c.grpc_host}:{self.grpc_port}"
-        self._elector = Elector(store, address, c.leader_lease_timing, self._leader_metrics)
+        self._elector = Elector(
+            store,
+            address,
+            c.leader_lease_timing,
+            self._leader_metrics,
+            on_change=self._on_leadership,
+        )
+        self.jobs.set_fence(LeaderFence(self._elector, c.daemon_id))
+        self._sync = Sync(
+            changes=self.jobs.jobs_changed_after,
+            newest=self.jobs.newest_event,
+            leads=self.leads,
+            on_jobs=self._jobs_written,
+            on_pools=self.resmgr.load_pools,
+            interval=c.leader_lease_renew_seconds,
+        )
+        self._sync.start()
         self._elector.start()
+
+    def _jobs_written(self, job_ids: set[str]) -> None:
+        """Jobs written by any daemon, polled on the leader: schedule them, and send the kills
+        written through the others."""
+        assert self.resmgr is not None
+        for job_id in job_ids:
+            self.resmgr.job_changed(job_id)
+        if self._kills is not None:
+            self._kills.jobs_changed(job_ids)
+
+    def _on_leadership(self, leads: bool) -> None:
+        """The election's thread saw this daemon become the leader or stop being it."""
+        if leads:
+            # Loading may take long: not on the election's thread, which must renew meanwhile.
+            threading.Thread(target=self._take_over, name="take-over", daemon=True).start()
+        else:
+            self._deposed()
+
+    def _take_over(self) -> None:
+        """This daemon leads now: start scheduling, unless it is stopping."""
+        with self._lifecycle:
+            if self._stopped.is_set():
+                return
+            try:
+                self._start_scheduling()
+            except Exception:
+                log.exception("the new leader could not start scheduling")
+                self._exit()
+            log.info("this daemon schedules now")
+
+    def _deposed(self) -> None:
+        """The term ended (on this daemon's clock) or a renewal was refused: stop scheduling at
+        once. Decisions in flight on several threads (a cycle, launches, status updates) cannot
+        all be stopped cleanly in place; exiting does, and the supervisor starts a follower.
+        The fence already refuses this daemon's scheduling writes and launches meanwhile."""
+        if self._stopped.is_set():
+            return  # a graceful stop, which gives the lease up itself
+        log.critical(
+            "this daemon lost the leader lease: exiting so that its supervisor restarts it as "
+            "a follower",
+            extra={"exit_status": DEPOSED_EXIT},
+        )
+        self._exit()
+
+    @staticmethod
+    def _exit() -> NoReturn:
+        """Exit now, without running anything else (no atexit, no thread joins)."""
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(DEPOSED_EXIT)
 
     def _set_health(self, status: ServingStatus) -> None:
         assert self._grpc is not None
@@ -230,7 +401,9 @@ class Server:
             writers=writers,
         )
         self.hosts = self.hostmgr.hosts
-        jobs.set_killer(self.hostmgr)
+        if c.daemon_id:
+            self._kills = LeaderKills(self.hostmgr, jobs, self.leads)
+        jobs.set_killer(self._kills or self.hostmgr)
         self.launcher = Launcher(
             resmgr,
             self.hostmgr,
@@ -238,6 +411,7 @@ class Server:
             metrics=PlacementMetrics(self.metrics.registry),
             workers=writers,
             rendezvous=self.elastic,
+            leads=self.leads if c.daemon_id else None,
         )
         self.hostmgr.add_offer_listener(self.launcher.wake)
         resmgr.add_admission_listener(self.launcher.wake)
@@ -261,9 +435,10 @@ class Server:
 
     def stop(self, grace: float | None = None) -> None:
         """Stop taking RPCs, let in-flight ones finish within ``grace`` seconds, release all."""
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
+        with self._lifecycle:  # a takeover starting the components finishes first
+            if self._stopped.is_set():
+                return
+            self._stopped.set()
         grace = self.config.shutdown_grace_seconds if grace is None else grace
         # After a failed start() this only releases what was acquired; the caller reports why,
         # in one line, and "stopping" would only suggest the daemon had run.
@@ -272,8 +447,12 @@ class Server:
             log.info("peloton server stopping", extra={"grace_seconds": grace})
         if self.jobs is not None:
             self.jobs.events.close()
+        if self._sync is not None:
+            self._sync.stop()
         if self._elector is not None:
-            self._elector.stop()  # releases the lease: another daemon takes over at once
+            # Releases the lease: another daemon takes over at once (this one's launches and
+            # scheduling writes are fenced from now on).
+            self._elector.stop()
         if self._lease_db is not None:
             self._lease_db.dispose()
         if self._grpc is not None:

@@ -1,7 +1,10 @@
 """Several ``peloton server`` processes on one PostgreSQL database elect one leader by the lease:
 exactly one leads; a killed leader is replaced within the lease's time to live; a paused one is
-replaced under a higher epoch and, resumed, has already stopped leading on its own clock.
-``peloton cluster status`` shows it all."""
+replaced under a higher epoch and, resumed, has already stopped leading on its own clock, and
+exits. ``peloton cluster status`` shows it all.
+
+With a minicluster: only the leader subscribes to Mesos and schedules, jobs sent to either daemon
+run, and across a killed or paused leader every job ends, each attempt launched once."""
 
 from __future__ import annotations
 
@@ -10,19 +13,29 @@ import re
 import shlex
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from daemon import (
+    DONE,
     ROOT,
     DaemonProcess,
     error_line,
     run_peloton,
     scrape_metrics,
+    start_minicluster,
     wait_for,
 )
+from support import make_spec
+
+from peloton.client import ClientError, PelotonClient
+from peloton.minicluster import AgentSpec, Minicluster
+from peloton.server import DEPOSED_EXIT
+from peloton.v1 import job_pb2, pool_pb2
 
 TTL = 3.0
 RENEW = 0.5
@@ -33,7 +46,7 @@ on_sqlite = pytest.mark.parametrize("backend", ["sqlite"])
 START_SECONDS = 30
 
 
-def start(db_url: str, workdir: Path, daemon_id: str) -> DaemonProcess:
+def start(db_url: str, workdir: Path, daemon_id: str, extra: Sequence[str] = ()) -> DaemonProcess:
     args = [
         "--db-url",
         db_url,
@@ -51,8 +64,16 @@ def start(db_url: str, workdir: Path, daemon_id: str) -> DaemonProcess:
         str(RENEW),
         "--log-format",
         "text",
+        *extra,
     ]
     return DaemonProcess(workdir / daemon_id, args)
+
+
+def close_all(procs: Mapping[str, DaemonProcess]) -> None:
+    for proc in procs.values():
+        if proc.proc.poll() is None:
+            proc.proc.send_signal(signal.SIGCONT)  # a stopped process ignores SIGKILL's wait
+        proc.close()
 
 
 @pytest.fixture
@@ -66,10 +87,7 @@ def daemons(db_url: str, tmp_path: Path) -> Iterator[dict[str, DaemonProcess]]:
             procs[name].wait_ready()
         yield procs
     finally:
-        for proc in procs.values():
-            if proc.proc.poll() is None:
-                proc.proc.send_signal(signal.SIGCONT)  # a stopped process ignores SIGKILL's wait
-            proc.close()
+        close_all(procs)
 
 
 def leader_gauge(proc: DaemonProcess) -> float:
@@ -178,16 +196,13 @@ def test_a_paused_leader_is_replaced_and_has_stepped_down_when_it_resumes(
     leader, _ = replace_leader(db_url, daemons, lambda p: p.proc.send_signal(signal.SIGSTOP))
     paused = daemons[leader]
     paused.proc.send_signal(signal.SIGCONT)
-    # Its very first answer after resuming: its term ended on its own clock while it was paused,
-    # before the lease could expire on the database's; it never led beside the new leader.
-    assert leader_gauge(paused) == 0
-    wait_for(
-        lambda: "no longer the leader" in paused.stderr,
-        TAKEOVER_SECONDS,
-        "the resumed daemon to log that it stepped down",
-        state=lambda: paused.stderr,
-    )
-    assert wait_leader(db_url, daemons, TAKEOVER_SECONDS) != leader
+    # Its term ended on its own clock while it was paused, before the lease could expire on the
+    # database's: resumed, it says so and exits for its supervisor to start it as a follower.
+    assert paused.wait_exit(TAKEOVER_SECONDS) == DEPOSED_EXIT
+    assert "no longer the leader" in paused.stderr
+    assert "lost the leader lease" in paused.stderr.splitlines()[-1]
+    rest = {name: proc for name, proc in daemons.items() if name != leader}
+    assert wait_leader(db_url, rest, TAKEOVER_SECONDS) != leader
 
 
 @on_sqlite
@@ -257,3 +272,183 @@ def test_a_renewal_that_does_not_fit_the_time_to_live_is_a_usage_error() -> None
     result = run_peloton("server", "--daemon-id", "a", *timing)
     assert result.returncode == 2
     assert error_line(result).startswith("error: invalid: leader_lease_renew_seconds: ")
+
+
+# ---------------------------------------------------------------------------- scheduling
+
+AGENT = "cpus:4;mem:8192;disk:10000;gpus:2;ports:[31000-31100]"
+# The log line of a daemon whose scheduling components started (it leads).
+SCHEDULES = "this daemon schedules now"
+BURST = 12
+BURST_SECONDS = 120
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Minicluster]:
+    """Two agents with 2 GPUs each."""
+    mc = start_minicluster([AgentSpec(f"agent-{i}", resources=AGENT) for i in range(2)], tmp_path)
+    yield mc
+    mc.stop()
+
+
+@pytest.fixture
+def scheduling(
+    db_url: str, tmp_path: Path, cluster: Minicluster
+) -> Iterator[dict[str, DaemonProcess]]:
+    """Daemons a (the leader) and b on one database and one minicluster."""
+    mesos = [
+        "--mesos-master",
+        cluster.address,
+        "--reconcile-interval-seconds",
+        "5",
+        "--offer-refuse-seconds",
+        "1",
+    ]
+    procs: dict[str, DaemonProcess] = {}
+    try:
+        a = procs["a"] = start(db_url, tmp_path, "a", mesos).wait_ready()
+        # b starts once a schedules: a leads, and created the /default pool that b reads.
+        wait_for(
+            lambda: SCHEDULES in a.stderr, START_SECONDS, "a to schedule", state=lambda: a.stderr
+        )
+        procs["b"] = start(db_url, tmp_path, "b", mesos).wait_ready()
+        yield procs
+    finally:
+        close_all(procs)
+
+
+@pytest.fixture
+def clients(scheduling: dict[str, DaemonProcess]) -> Iterator[dict[str, PelotonClient]]:
+    made = {name: PelotonClient(proc.address, timeout=10) for name, proc in scheduling.items()}
+    yield made
+    for client in made.values():
+        client.close()
+
+
+def submit_burst(clients: Sequence[PelotonClient], count: int = BURST) -> list[str]:
+    """``count`` gangs of two 1-GPU tasks, sent to the clients in turn."""
+    spec = make_spec(2, name="burst", command="sleep 1", gpu=1)
+    return [clients[i % len(clients)].create_job(spec).job_id for i in range(count)]
+
+
+def wait_all_done(client: PelotonClient, job_ids: Sequence[str]) -> None:
+    """Every job ended, and succeeded (the jobs' states shown on timeout)."""
+
+    def states() -> dict[str, str]:
+        return {j: job_pb2.JobState.Name(client.get_job(j).state) for j in job_ids}
+
+    wait_for(
+        lambda: all(client.get_job(j).state in DONE for j in job_ids),
+        BURST_SECONDS,
+        "every job to end",
+        interval=0.5,
+        state=states,
+    )
+    assert set(states().values()) == {"JOB_STATE_SUCCEEDED"}, states()
+
+
+def assert_launched_once(cluster: Minicluster) -> None:
+    """Each Mesos task id (one attempt of one task) reached an agent once, under one framework
+    (the leaders' shared id)."""
+    tasks = cluster.tasks()
+    twice = {t: n for t, n in Counter(t.task_id for t in tasks).items() if n > 1}
+    assert not twice, twice
+    assert len({t.framework_id for t in tasks}) == 1, {t.framework_id for t in tasks}
+
+
+def subscribed(cluster: Minicluster) -> list[str]:
+    return [f.id for f in cluster.frameworks() if f.connected]
+
+
+def mesos_connected(proc: DaemonProcess) -> bool:
+    return scrape_metrics(proc.metrics_port)[("peloton_mesos_connected", ())] == 1
+
+
+def some_running(cluster: Minicluster) -> bool:
+    return any(t.state == "TASK_RUNNING" for t in cluster.tasks())
+
+
+@on_postgresql
+def test_only_the_leader_subscribes_and_jobs_sent_to_either_daemon_run(
+    db_url: str,
+    cluster: Minicluster,
+    scheduling: dict[str, DaemonProcess],
+    clients: dict[str, PelotonClient],
+) -> None:
+    assert wait_leader(db_url, scheduling, TAKEOVER_SECONDS) == "a"
+    wait_for(lambda: subscribed(cluster), START_SECONDS, "a subscribed", state=cluster.frameworks)
+    assert len(cluster.frameworks()) == 1, cluster.frameworks()
+    assert not mesos_connected(scheduling["b"])
+    assert SCHEDULES not in scheduling["b"].stderr
+    job_ids = submit_burst([clients["a"], clients["b"]], 4)
+    wait_all_done(clients["b"], job_ids)
+    assert_launched_once(cluster)
+    # A kill through the follower is written there and sent to Mesos by the leader.
+    b = clients["b"]
+    long = b.create_job(make_spec(1, name="long", command="sleep 60", gpu=1)).job_id
+    wait_for(
+        lambda: b.get_job(long).state == job_pb2.JOB_STATE_RUNNING,
+        START_SECONDS,
+        "the long job running",
+        state=lambda: b.get_job(long),
+    )
+    b.kill_job(long)
+    wait_for(
+        lambda: b.get_job(long).state == job_pb2.JOB_STATE_KILLED,
+        TAKEOVER_SECONDS,
+        "the long job killed",
+        state=lambda: (b.get_job(long), cluster.tasks()),
+    )
+    # Pools and host drains change through the leader only; the follower says where to go.
+    with pytest.raises(ClientError, match="through the leader") as refused:
+        clients["b"].create_pool(pool_pb2.PoolSpec(path="/team", owner="t"))
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(ClientError, match="drain hosts through the leader"):
+        clients["b"].drain_host("agent-0")
+
+
+@on_postgresql
+def test_a_killed_leader_mid_burst_is_replaced_and_every_job_runs_once(
+    db_url: str,
+    cluster: Minicluster,
+    scheduling: dict[str, DaemonProcess],
+    clients: dict[str, PelotonClient],
+) -> None:
+    job_ids = submit_burst([clients["a"], clients["b"]])
+    wait_for(lambda: some_running(cluster), START_SECONDS, "a gang running", state=cluster.tasks)
+    scheduling["a"].kill()
+    assert wait_leader(db_url, {"b": scheduling["b"]}, TAKEOVER_SECONDS) == "b"
+    wait_all_done(clients["b"], job_ids)
+    assert_launched_once(cluster)
+    assert len(subscribed(cluster)) == 1, cluster.frameworks()
+
+
+@on_postgresql
+def test_a_paused_leader_resumed_launches_and_writes_nothing(
+    db_url: str,
+    cluster: Minicluster,
+    scheduling: dict[str, DaemonProcess],
+    clients: dict[str, PelotonClient],
+) -> None:
+    a = scheduling["a"]
+    job_ids = submit_burst([clients["b"]])
+    wait_for(lambda: some_running(cluster), START_SECONDS, "a gang running", state=cluster.tasks)
+    a.proc.send_signal(signal.SIGSTOP)
+    assert wait_leader(db_url, {"b": scheduling["b"]}, TAKEOVER_SECONDS) == "b"
+    wait_for(
+        lambda: mesos_connected(scheduling["b"]),
+        TAKEOVER_SECONDS,
+        "b subscribed to Mesos",
+        state=cluster.frameworks,
+    )
+    before = len(a.stderr)
+    a.proc.send_signal(signal.SIGCONT)
+    assert a.wait_exit(TAKEOVER_SECONDS) == DEPOSED_EXIT
+    resumed = a.stderr[before:]
+    assert "lost the leader lease" in resumed.splitlines()[-1], resumed
+    # What it launched and wrote is what it did while it led: a launch it had sent when paused
+    # may only log its end now. Any later one is refused (by its own clock, the fence on the
+    # database, and Mesos, which refuses the stream b's subscription failed over); so every
+    # job ends, each attempt launched once.
+    wait_all_done(clients["b"], job_ids)
+    assert_launched_once(cluster)

@@ -44,8 +44,12 @@ class Elector:
         timing: LeaseTiming,
         metrics: LeaderMetrics,
         clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[bool], None] | None = None,
     ) -> None:
+        """``on_change(leads)``: called on the election's thread when this daemon becomes the
+        leader or stops being it, once per change, as soon as the thread sees it."""
         self._store = store
+        self._on_change = on_change
         self._address = address
         self._timing = timing
         self._metrics = metrics
@@ -144,3 +148,5 @@ class Elector:
             log.info("this daemon is the leader", extra={"epoch": epoch})
         else:
             log.warning("this daemon is no longer the leader")
+        if self._on_change is not None:
+            self._on_change(leads)

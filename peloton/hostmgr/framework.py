@@ -162,6 +162,9 @@ class HostManager:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        # Read again: with several daemons, the leader before this one may have subscribed
+        # since this one was built, and its framework id is the one whose tasks run on.
+        self.framework_id = self._store.load_framework_id(self.settings.framework_name)
         self._worker = threading.Thread(target=self._run, name="hostmgr", daemon=True)
         self._worker.start()
         self._connect()

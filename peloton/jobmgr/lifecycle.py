@@ -185,6 +185,7 @@ class Lifecycle(Part):
         tasks, e.g. it was killed meanwhile)."""
         admitted: list[tuple[int, ...]] = []
         with self._ctx.db.writing() as session:
+            self._ctx.fenced(session)
             for job_id, count, message in gangs:
                 admitted.append(self._admit(self._ctx.lock(session, job_id), count, message))
         for job_id in dict.fromkeys(job_id for job_id, _, _ in gangs):
@@ -220,6 +221,7 @@ class Lifecycle(Part):
         jobs in other states are left alone."""
         changed: list[str] = []
         with self._ctx.db.writing() as session:
+            self._ctx.fenced(session)
             for job_id in sorted(reasons):  # locked in one order: no deadlock with another
                 work = self._ctx.lock(session, job_id)
                 if (
@@ -250,6 +252,7 @@ class Lifecycle(Part):
         self, job_id: str, states: set[TaskState], reason: str, message: str
     ) -> JobRecord:
         with self._ctx.job(job_id) as work:
+            self._ctx.fenced(work.session)
             work.move(states, TaskState.FAILED, reason=reason, message=message, goal=Goal.RUN)
             work.derive(reason=reason, message=message)
             job = work.record()
@@ -266,6 +269,7 @@ class Lifecycle(Part):
         gang: unlaunched ones first, then the running ones of the highest instances (the gang's
         first ranks, which hold its state, stay)."""
         with self._ctx.job(job_id) as work:
+            self._ctx.fenced(work.session)
             unlaunched = {TaskState.READY, TaskState.PLACING, TaskState.PLACED}
             running = TASK_ACTIVE - {TaskState.KILLING, TaskState.PREEMPTING}
             back: Sequence[int] | None = None

@@ -34,7 +34,15 @@ from peloton.jobmgr.reads import (
     Reads,
 )
 from peloton.jobmgr.updates import TaskUpdates
-from peloton.jobmgr.work import Clock, Context, ElasticGangs, Scheduler, TaskKiller, utcnow
+from peloton.jobmgr.work import (
+    Clock,
+    Context,
+    ElasticGangs,
+    Fence,
+    Scheduler,
+    TaskKiller,
+    utcnow,
+)
 from peloton.storage.db import Database
 
 __all__ = [
@@ -49,6 +57,7 @@ __all__ = [
     "UNPLACEABLE",
     "Clock",
     "ElasticGangs",
+    "Fence",
     "JobManager",
     "Scheduler",
     "TaskKiller",
@@ -81,3 +90,8 @@ class JobManager(Lifecycle, TaskUpdates, Reads):
 
     def set_elastic(self, elastic: ElasticGangs) -> None:
         self._ctx.elastic = elastic
+
+    def set_fence(self, fence: Fence) -> None:
+        """Refuse the scheduler's writes (admissions, placements, preemptions...) once this
+        daemon no longer leads (several daemons); the API's writes are every daemon's."""
+        self._ctx.fence = fence

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 GANG_FINISHED = "gang_finished"
 # Tasks that run and are meant to go on running (not on their way out).
 RUNNING = TASK_ACTIVE - {TaskState.PREEMPTING, TaskState.KILLING}
+# States only the launcher writes (a placement, or its undoing): their transaction is fenced, so
+# that a deposed leader records no placement (see Context.fenced).
+PLACEMENT = frozenset({TaskState.READY, TaskState.PLACING, TaskState.PLACED, TaskState.LAUNCHING})
 
 
 class TaskUpdates(Part):
@@ -42,6 +45,8 @@ class TaskUpdates(Part):
         transition raises FailedPrecondition and writes nothing.
         """
         with self._ctx.job(job_id) as work:
+            if any(u.state in PLACEMENT for u in updates):
+                self._ctx.fenced(work.session)
             tasks = repo.task_rows(work.session, job_id, (u.instance_id for u in updates))
             events: list[dict[str, object]] = []
             failures: list[restarts.Failure] = []

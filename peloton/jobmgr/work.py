@@ -44,6 +44,10 @@ from peloton.v1 import job_pb2
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+# Raises FailedPrecondition, in a scheduling write's open transaction, unless this daemon still
+# leads (see peloton.storage.leases.holds): a deposed leader's decisions (admissions, pending
+# reasons, failures of gangs that never fit, preemptions, placements) are refused.
+Fence = Callable[[repo.Tx], None]
 # Task states that count as a failure of the attempt (toward restart.max_failures).
 FAILURES = frozenset({TaskState.FAILED, TaskState.LOST})
 
@@ -270,6 +274,12 @@ class Context:
     metrics: JobMetrics = field(default_factory=JobMetrics)
     scheduler: Scheduler | None = None
     elastic: ElasticGangs | None = None
+    fence: Fence | None = None  # None: the only daemon, always the leader
+
+    def fenced(self, session: repo.Tx) -> None:
+        """Check, in a scheduling write's transaction, that this daemon may still schedule."""
+        if self.fence is not None:
+            self.fence(session)
 
     @contextmanager
     def job(self, job_id: str) -> Iterator[UnitOfWork]:

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
@@ -93,11 +93,14 @@ class Launcher:
         metrics: PlacementMetrics | None = None,
         workers: int = 1,
         rendezvous: Rendezvous | None = None,
+        leads: Callable[[], bool] | None = None,
     ) -> None:
         """``workers``: gangs recorded and launched at once (more than one only where the
         database takes concurrent writers). ``rendezvous``: the endpoints elastic gangs' tasks
-        are pointed at."""
+        are pointed at. ``leads``: whether this daemon still leads (several daemons), asked
+        right before each launch; None: the only daemon."""
         self._source = source
+        self._leads = leads
         self._rendezvous = rendezvous
         self._hosts = hosts
         self._jobs = jobs
@@ -240,6 +243,13 @@ class Launcher:
             if attempts:
                 self._back_to_ready(gang, attempts, str(exc))
             raise _NotPlaced(str(exc)) from exc
+        if self._leads is not None and not self._leads():
+            # Deposed since the (fenced) record: launch nothing, and write nothing either (the
+            # fence would refuse it). The next leader finds these tasks LAUNCHING; Mesos never
+            # saw them, so reconciliation ends them and they get new attempts.
+            for lease in leases.values():
+                self._hosts.release(lease)
+            raise _NotPlaced("this daemon no longer leads: nothing launched")
         try:
             self._hosts.launch(shares)
         except (LeaseError, PelotonError) as exc:

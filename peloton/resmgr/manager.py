@@ -411,6 +411,13 @@ class ResourceManager:
             extra={"pools": len(pools), "jobs": len(self._views), "admitted": len(self._admitted)},
         )
 
+    def load_pools(self) -> None:
+        """Read the pool tree as stored, and nothing else: a daemon that does not lead (several
+        daemons) schedules nothing, but checks new jobs' pools and serves pool reads."""
+        pools = self._pools.all_pools()
+        with self._lock:
+            self._set_tree(PoolTree(pools))
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="resmgr", daemon=True)
         self._thread.start()

@@ -7,7 +7,10 @@ own clock never reaches the database. The statements:
 
 - acquire: insert the lease, or take over one whose ``expires_at`` is past, raising the epoch;
 - renew: ``UPDATE ... WHERE holder = me AND epoch = my epoch AND expires_at >= now()``;
-- release: expire it now, under the same condition, so that another daemon takes over at once.
+- release: expire it now, under the same condition, so that another daemon takes over at once;
+- fence (:func:`holds`): inside a scheduling write's own transaction, check the lease is still
+  this daemon's under its epoch and unexpired (at ``clock_timestamp()``, the statement's own
+  time on the database's clock), and keep it so until that transaction ends.
 
 PostgreSQL only: several daemons need a shared database server. SQLite is one daemon's embedded
 database, and that daemon is always the leader (it takes no lease).
@@ -18,8 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy import ColumnElement, event, func, select, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.sql.dml import ReturningInsert
 
 from peloton.errors import FailedPrecondition
@@ -156,6 +162,48 @@ class SqlLeaseStore:
                 # Strictly past, as takeovers ask.
                 .values(expires_at=func.now() - timedelta(microseconds=1))
             )
+
+
+def end_idle_transactions(db: Database, seconds: float) -> None:
+    """Have the server end every transaction of ``db`` that sits idle ``seconds`` between
+    statements (and its connection with it). A daemon paused mid-transaction (SIGSTOP, a stalled
+    VM) would otherwise hold its row locks for as long as it is paused: the lease row's, which
+    the fence (:func:`holds`) locks, and so the lease itself, or a job's, which its successor
+    must write. Connections made before this call are closed."""
+    ms = max(1, int(seconds * 1000))
+
+    @event.listens_for(db.engine, "connect")
+    def _on_connect(conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+        cursor = conn.cursor()
+        cursor.execute(f"SET idle_in_transaction_session_timeout = {ms}")
+        cursor.close()
+        conn.commit()  # a SET in a transaction rolled back (as the pool does) is undone
+
+    db.engine.dispose()
+
+
+def holds(session: Session, holder: str, epoch: int, name: str = SCHEDULER_LEASE) -> bool:
+    """Whether ``holder`` holds the lease under ``epoch`` now, in the caller's open write
+    transaction: the fence of a leader's scheduling writes (placements, admissions).
+
+    The row is locked FOR SHARE: a takeover (an UPDATE of it) waits for this transaction to end,
+    so a write that passed the fence commits before any next leader's epoch begins, never after
+    (a holder paused in between holds the lock only until the server ends its idle transaction,
+    see :func:`end_idle_transactions`, and that write never commits). Expiry is compared with
+    ``clock_timestamp()``, the time of this statement, not ``now()``: a leader paused after its
+    transaction began must not pass on its start time.
+    """
+    held = session.execute(
+        select(LeaderLeaseRow.epoch)
+        .where(
+            LeaderLeaseRow.name == name,
+            LeaderLeaseRow.holder == holder,
+            LeaderLeaseRow.epoch == epoch,
+            LeaderLeaseRow.expires_at > func.clock_timestamp(),
+        )
+        .with_for_update(read=True)
+    ).scalar_one_or_none()
+    return held is not None
 
 
 def read_cluster(db: Database, name: str = SCHEDULER_LEASE) -> ClusterRecord:
