@@ -342,17 +342,3 @@ def test_a_generation_s_layout_wins_over_the_variables_of_the_launch() -> None:
         2, 2, 3, 0, 1,
     )  # fmt: skip
     assert GangEnv.from_env(launched).cross_size == 2  # without them, the variables
-
-
-def test_a_scheduled_rank_listens_on_the_port_its_task_was_given(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Mesos gave the task its collective port (its own entry of PELOTON_PEERS): every
-    generation's runtime listens there; without a launch layout, on a port the kernel finds."""
-    launched = {"PELOTON_RANK": "1", "PELOTON_GANG_SIZE": "2", "PELOTON_PEERS": "a:31000,b:31007"}
-    for k, v in launched.items():
-        monkeypatch.setenv(k, v)
-    assert elastic._listen_port("127.0.0.1") == 31007
-    monkeypatch.delenv("PELOTON_PEERS")
-    port = elastic._listen_port("127.0.0.1")
-    assert 0 < port < 65536 and port not in (31000, 31007)

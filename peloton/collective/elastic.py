@@ -235,17 +235,6 @@ def _connect() -> RendezvousClient:
     return RendezvousClient(address, token, worker, timeout)
 
 
-def _listen_port(host: str) -> int:
-    """The port this rank's runtime listens on: the task's own collective port when it was
-    launched with one (a scheduled task: Mesos gave it that port, and an agent that enforces
-    container ports kills a task listening elsewhere), else one the kernel finds free."""
-    try:
-        launched = gangenv.GangEnv.from_env(os.environ)
-    except gangenv.GangEnvError:
-        return free_port(host)
-    return launched.addresses()[1][launched.rank]
-
-
 def _log(message: str) -> None:
     print(f"peloton.elastic: {message}", file=sys.stderr, flush=True)
 
@@ -295,7 +284,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
         try:
             while True:
                 try:
-                    me = client.join(f"{host}:{_listen_port(host)}")
+                    me = client.join(f"{host}:{free_port(host)}")
                 except Drained as exc:
                     _log(f"drained by the scheduler ({exc.reason}): leaving the gang")
                     raise SystemExit(0) from None
