@@ -4,6 +4,9 @@ GPU models, failures; and proof that the production kernels are what runs."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
 import pytest
 
 from peloton.core.pools import KindConfig, PoolConfig, QueuePolicy
@@ -216,3 +219,39 @@ def test_a_simulation_runs_once_and_leaves_the_cluster_it_was_given_alone() -> N
     assert cluster.busy_gpus == 0 and all(h.used.gpu == 0 for h in cluster.hosts)
     with pytest.raises(RuntimeError):
         sim.run()
+
+
+@pytest.mark.parametrize("policy", ["BACKFILL", "LAS"])
+def test_a_reservation_names_the_hosts_and_rack_it_will_start_on(policy: str) -> None:
+    # 4 hosts x 4 GPUs, 2 per rack. "short" (100 s) and "long" (500 s) take a rack each;
+    # "pair" (2 hosts) comes at 10 and can start when "short" ends, on its rack's hosts.
+    cluster = generate_hosts(4, 4, racks=2)
+    trace = [
+        dataclasses.replace(job("short", 0, 2, 4, 100), max_runtime_s=100),
+        dataclasses.replace(job("long", 1, 2, 4, 500), max_runtime_s=500),
+        job("pair", 10, 2, 4, 50),
+    ]
+    sim = Simulation(trace, cluster, policy=policy)
+    told: dict[str, str] = {}
+    write = sim.ledger.set_pending_reasons
+
+    def record(reasons: Mapping[str, tuple[str, str]]) -> None:
+        told.update({k: m for k, (r, m) in reasons.items() if r == admission.PENDING_RESERVED})
+        write(reasons)
+
+    sim.ledger.set_pending_reasons = record  # type: ignore[method-assign]
+    result = sim.run()
+    short_rack = {
+        h.attributes["rack"] for h in cluster.hosts if h.agent_id in hosts_of(sim, "short")
+    }
+    assert len(short_rack) == 1, short_rack
+    expected = (
+        f"reserved: starts by 2026-01-01 00:01:40 UTC on 2 hosts in rack {short_rack.pop()} ("
+    )
+    assert expected in told["pair"], told["pair"]
+    assert times(result)["pair"] == (100, 150)
+
+
+def hosts_of(sim: Simulation, job_id: str) -> set[str]:
+    """The agent ids a job ran on."""
+    return set(sim.ledger.hosts(job_id))

@@ -7,7 +7,7 @@ host or none, hostmgr launches each host's share as one Mesos task group.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -111,4 +111,10 @@ class PlacementCheck(Protocol):
         """A check for one admission cycle: it answers None for a gang that fits (its hosts are
         then taken for the rest of the cycle) or why not, on the hosts as they are once
         ``placed_first`` (admitted earlier, not yet placed) have taken theirs."""
+        ...
+
+    def where(self, gang: Gang, ended: Collection[str], placed_first: Sequence[Gang]) -> str | None:
+        """Where ``gang`` would run on the hosts as they will be once the jobs ``ended`` have
+        ended and ``placed_first`` have taken theirs (``on 2 hosts in rack r1``), or None if
+        no set of hosts would take it then."""
         ...

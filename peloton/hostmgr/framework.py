@@ -16,7 +16,7 @@ import pwd
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,7 +30,7 @@ from peloton.core.hosts import HostRecord, HostState, HostStore
 from peloton.core.ledger import HostLedger
 from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError, Offer, executor_id
 from peloton.core.records import AttemptRecord, TaskUpdate, parse_attempt_id
-from peloton.core.resources import EXECUTOR_RESOURCES, Resources
+from peloton.core.resources import EXECUTOR_RESOURCES, ZERO, Resources
 from peloton.core.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
 from peloton.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from peloton.hostmgr import states as mesos_states
@@ -489,13 +489,19 @@ class HostManager:
             )
         ]
 
-    def free_hosts(self) -> list[HostOffers]:
+    def free_hosts(self, ended: Collection[str] = ()) -> list[HostOffers]:
         """Hosts that take placements now (up, not draining) with what peloton's tasks leave
         free on them, offered or not: placement-aware admission asks these whether a gang
-        fits (offers come and go; what runs where does not). Every port is assumed free."""
+        fits (offers come and go; what runs where does not). Every port is assumed free.
+        ``ended``: jobs whose tasks count as ended (where a reserved gang will start)."""
+        back = self.hosts.held(ended) if ended else {}
         return [
             HostOffers(
-                v.record.hostname, v.record.agent_id, v.free, _ALL_PORTS, v.record.attributes
+                v.record.hostname,
+                v.record.agent_id,
+                v.free + back.get(v.record.agent_id, ZERO),
+                _ALL_PORTS,
+                v.record.attributes,
             )
             for v in self.hosts.list()
             if v.record.state == HostState.UP

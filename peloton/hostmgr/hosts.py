@@ -13,12 +13,13 @@ changed total or address, drain state, a lost agent) is written through a :class
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from peloton.core.capacity import Lost, LostHost, recently_lost
 from peloton.core.hosts import HostRecord, HostState, HostStore, HostView
+from peloton.core.records import parse_attempt_id
 from peloton.core.resources import ZERO, Resources
 from peloton.errors import FailedPrecondition, NotFound
 
@@ -138,6 +139,16 @@ class HostRegistry:
         with self._lock:
             entry = self._usage.by_attempt.get(attempt_id)
             return entry[0] if entry else ""
+
+    def held(self, jobs: Collection[str]) -> dict[str, Resources]:
+        """What the running attempts of ``jobs`` hold, by agent id."""
+        by_host: dict[str, Resources] = {}
+        with self._lock:
+            for attempt, (agent_id, resources) in self._usage.by_attempt.items():
+                parsed = parse_attempt_id(attempt)
+                if parsed is not None and parsed[0] in jobs:
+                    by_host[agent_id] = by_host.get(agent_id, ZERO) + resources
+        return by_host
 
     def _used(self, agent_id: str) -> Resources:
         return self._usage.by_host.get(agent_id, ZERO)

@@ -73,6 +73,9 @@ class Outlook:
     # Whether the placement engine finds hosts for a gang now: None if it does (its hosts are
     # then taken for the rest of the cycle), else why not. None: totals only.
     place: Callable[[Waiting], str | None] | None = None
+    # Where a reserved gang is expected to run when it starts (at the time given), e.g. "on 2
+    # hosts in rack r1", or None if that is not known.
+    where: Callable[[Waiting, float], str | None] | None = None
 
 
 # What a gang needs and whether it is preemptible: gangs alike in both are decided alike.
@@ -387,7 +390,8 @@ def admit_backfill(
     now only if it is expected to end by then, or if it takes only what the reserved gang leaves
     spare at that time — so backfilled gangs never delay the reservation. A gang whose run time
     is unknown can only use the spare; with no expected end known at all, the reservation holds
-    what it needs, as reserve-ahead does.
+    what it needs, as reserve-ahead does. The reservation's reason names where the gang is
+    expected to start (``outlook.where``).
     """
     run = _Pass.of(room, cluster_free, capacity, lost)
     decision = run.decision
@@ -423,7 +427,13 @@ def admit_backfill(
             run.wait(gang, shape, pool_room)
         if reserved is None and gang.total.fits_in(room.entitlement):
             reserved = _reserve(gang, available, outlook, started, placed_now=not unplaced)
-            decision.pending[gang.key] = (PENDING_RESERVED, _reserved(room, reserved, unplaced))
+            spot = None
+            if reserved.start != math.inf and outlook.where is not None:
+                spot = outlook.where(gang, reserved.start)
+            decision.pending[gang.key] = (
+                PENDING_RESERVED,
+                _reserved(room, reserved, unplaced, spot),
+            )
     return decision
 
 
@@ -461,9 +471,10 @@ def _reserve(
     return _Reservation(gang, math.inf, (have - gang.total).clamp_min_zero())
 
 
-def _reserved(room: Room, reserved: _Reservation, unplaced: str) -> str:
+def _reserved(room: Room, reserved: _Reservation, unplaced: str, spot: str | None) -> str:
     when = (
         f"starts by {_time(datetime.fromtimestamp(reserved.start, UTC))}"
+        + (f" {spot}" if spot else "")
         if reserved.start != math.inf
         else "holds what it needs (no running gang has an expected end)"
     )

@@ -368,6 +368,8 @@ class ResourceManager:
         self._book = _Book()  # what the views hold and queue, by pool
         self._seq = 0
         self._reasons: dict[str, tuple[str, str]] = {}  # last pending reason written, per job
+        # Where reserved gangs are expected to start: job -> (start, "on 2 hosts in rack r1").
+        self._spots: dict[str, tuple[float, str | None]] = {}
         self._starved: set[str] = set()  # jobs starved for capacity in the previous cycle
         self._statuses: dict[str, PoolStatus] = {}
         # The last cycle's entitlements; statuses are built from them when first read (metrics
@@ -686,6 +688,7 @@ class ResourceManager:
         if view is not None:
             self._book.remove(view)
         self._reasons.pop(job_id, None)
+        self._spots.pop(job_id, None)
 
     def _entitlements(
         self, queues: Mapping[str, list[Waiting]], usage: Usage, free: Resources
@@ -779,26 +782,61 @@ class ResourceManager:
         runtimes = {
             w.key: self.expected_runtime(self._views[w.key]) for p in planned for w in queues[p]
         }
-        place = self._place_now() if self._placement is not None else None
-        outlook = admission.Outlook(now, ends, runtimes, place)
+        place, where = self._placement_asked(now) if self._placement is not None else (None, None)
+        outlook = admission.Outlook(now, ends, runtimes, place, where)
         return dict.fromkeys(planned, outlook)
 
-    def _place_now(self) -> Callable[[Waiting], str | None]:
-        """Placement on the hosts as they are now, once the gangs admitted earlier but not yet
-        placed have taken theirs."""
+    def _placement_asked(
+        self, now: float
+    ) -> tuple[Callable[[Waiting], str | None], Callable[[Waiting, float], str | None]]:
+        """What admission asks placement in a cycle: whether a gang fits the hosts as they are
+        now, once the gangs admitted earlier but not yet placed have taken theirs; and where a
+        reserved gang is expected to start (see :meth:`_where`)."""
         placement = self._placement
         assert placement is not None
         # Taken on the first question only: most cycles ask none (nothing fits the totals).
         fits: list[Callable[[Gang], str | None]] = []
+        placed: list[tuple[float, Gang]] = []  # this cycle's: (expected end, gang)
 
         def place(w: Waiting) -> str | None:
             if not fits:
                 fits.append(placement.round(list(self._admitted)))
-            view = self._views[w.key]
-            at = datetime.fromtimestamp(view.pending_since, UTC)
-            return fits[0](Gang.of_job(w.key, view.job.spec, tuple(range(w.size)), at))
+            gang = self._gang_of(w)
+            why = fits[0](gang)
+            if why is None:
+                placed.append((now + self.expected_runtime(self._views[w.key]), gang))
+            return why
 
-        return place
+        def where(w: Waiting, start: float) -> str | None:
+            return self._where(w, start, placed)
+
+        return place, where
+
+    def _where(self, w: Waiting, start: float, placed: Sequence[tuple[float, Gang]]) -> str | None:
+        """Where reserved gang ``w`` is expected to start at ``start``: placement on the hosts
+        as they will be then (the gangs expected to end by then gone; those admitted and not
+        expected to end by then placed first). Asked again only when its start moves: a
+        reason is written once, and a placement per cycle would cost every cycle."""
+        told = self._spots.get(w.key)
+        if told is not None and told[0] == start:
+            return told[1]
+        placement = self._placement
+        assert placement is not None
+        ended = {
+            key
+            for key, v in self._book.running.items()
+            if v.admitted_at + self.expected_runtime(v) <= start
+        }
+        first = [g for g in self._admitted if g.job_id not in ended]
+        first += [g for end, g in placed if end > start]
+        spot = placement.where(self._gang_of(w), ended, first)
+        self._spots[w.key] = (start, spot)
+        return spot
+
+    def _gang_of(self, w: Waiting) -> Gang:
+        view = self._views[w.key]
+        at = datetime.fromtimestamp(view.pending_since, UTC)
+        return Gang.of_job(w.key, view.job.spec, tuple(range(w.size)), at)
 
     def _room(self, pool: str, entitlement: Resources, usage: Usage) -> Room:
         return Room.of(
@@ -856,6 +894,7 @@ class ResourceManager:
         view.admitted_at = now
         self._book.add(view)
         self._reasons.pop(gang.key, None)
+        self._spots.pop(gang.key, None)
         at = datetime.fromtimestamp(view.pending_since, UTC)
         self._admitted.append(Gang.of_job(gang.key, view.job.spec, ids, at, admitted_at=now))
         log.info(

@@ -15,8 +15,8 @@ more than a host has is a bug of the simulator (or of placement) and raises
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from peloton.core.offers import HostOffers
@@ -110,6 +110,7 @@ class Cluster:
         self.total_gpus = self.total.gpu
         self.busy_gpus = 0.0
         self._totals = [h.empty() for h in self.hosts]
+        self._held: dict[str, Sequence[Share]] = {}  # what each running job holds
 
     def copy(self) -> Cluster:
         """The same hosts with nothing running."""
@@ -121,18 +122,35 @@ class Cluster:
         """Every host's free resources now."""
         return [h.offers() for h in self.hosts]
 
-    def free_hosts(self) -> list[HostOffers]:
-        """Every host with what is free on it (:class:`peloton.placement.check.FreeHosts`)."""
-        return self.snapshot()
+    def free_hosts(self, ended: Collection[str] = ()) -> list[HostOffers]:
+        """Every host with what is free on it, once the jobs ``ended`` have given theirs
+        back (:class:`peloton.placement.check.FreeHosts`)."""
+        hosts = self.snapshot()
+        back: dict[str, tuple[Resources, int]] = {}
+        for job in ended:
+            for s in self._held.get(job, ()):
+                amount, ports = back.get(s.agent_id, (ZERO, 0))
+                back[s.agent_id] = (amount + s.amount, ports + s.ports)
+        if not back:
+            return hosts
+        at = {h.agent_id: i for i, h in enumerate(hosts)}
+        for agent_id, (amount, ports) in back.items():
+            h = self._by_id[agent_id]
+            left = h.ports - h.used_ports + ports
+            hosts[at[agent_id]] = replace(
+                hosts[at[agent_id]], free=h.free + amount, ports=((1, left),) if left > 0 else ()
+            )
+        return hosts
 
     def totals(self) -> list[HostOffers]:
         """Every host with its total resources, as if nothing ran."""
         return self._totals
 
     def take(
-        self, hosts_by_rank: Sequence[str], per_task: Resources, ports_per_task: int
+        self, job_id: str, hosts_by_rank: Sequence[str], per_task: Resources, ports_per_task: int
     ) -> list[Share]:
-        """Take what a gang placed on ``hosts_by_rank`` (agent ids) holds; all or nothing."""
+        """Take what job ``job_id``'s gang placed on ``hosts_by_rank`` (agent ids) holds; all
+        or nothing."""
         tasks: dict[str, int] = {}
         for agent_id in hosts_by_rank:
             tasks[agent_id] = tasks.get(agent_id, 0) + 1
@@ -146,12 +164,17 @@ class Cluster:
                 self._by_id[s.agent_id].take(s.amount, s.ports)
                 done.append(s)
         except OverCommitted:
-            self.give_back(done)
+            self._give_back(done)
             raise
         self.busy_gpus += per_task.gpu * len(hosts_by_rank)
+        self._held[job_id] = shares
         return shares
 
-    def give_back(self, shares: Sequence[Share]) -> None:
+    def release(self, job_id: str) -> None:
+        """Give back what job ``job_id``'s gang holds."""
+        self._give_back(self._held.pop(job_id, ()))
+
+    def _give_back(self, shares: Sequence[Share]) -> None:
         for s in shares:
             self._by_id[s.agent_id].give_back(s.amount, s.ports)
             self.busy_gpus -= s.amount.gpu

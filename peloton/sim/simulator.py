@@ -502,7 +502,7 @@ class Simulation:
         )
 
     def _start(self, r: _Running, gang: Gang, hosts: Sequence[str]) -> None:
-        shares = self.cluster.take(hosts, gang.per_task, gang.ports_per_task)
+        shares = self.cluster.take(gang.job_id, hosts, gang.per_task, gang.ports_per_task)
         self._cluster_version += 1
         self.ledger.launch(gang.job_id, gang.instances, hosts)
         r.shares = shares
@@ -519,7 +519,7 @@ class Simulation:
         self._push(self.now + r.outcome.job.duration_s, _FINISH, gang.job_id, r.gen)
 
     def _release(self, r: _Running) -> None:
-        self.cluster.give_back(r.shares)
+        self.cluster.release(r.outcome.job.job_id)
         self._cluster_version += 1
         r.shares = []
         r.gen += 1
