@@ -72,6 +72,9 @@ MIN_CYCLE_GAP_SECONDS = 0.1
 RUNTIME_WEIGHT = 0.5
 # Holding, but already on the way out: freed soon, and not worth preempting.
 ENDING = frozenset({TaskState.PREEMPTING, TaskState.KILLING})
+# How long where a reserved gang will start stays as worked out while its start moves (see
+# ResourceManager._where).
+SPOT_SECONDS = 60.0
 
 
 @dataclass
@@ -368,8 +371,9 @@ class ResourceManager:
         self._book = _Book()  # what the views hold and queue, by pool
         self._seq = 0
         self._reasons: dict[str, tuple[str, str]] = {}  # last pending reason written, per job
-        # Where reserved gangs are expected to start: job -> (start, "on 2 hosts in rack r1").
-        self._spots: dict[str, tuple[float, str | None]] = {}
+        # Where reserved gangs are expected to start: job -> (start, when worked out,
+        # "on 2 hosts in rack r1").
+        self._spots: dict[str, tuple[float, float, str | None]] = {}
         self._starved: set[str] = set()  # jobs starved for capacity in the previous cycle
         self._statuses: dict[str, PoolStatus] = {}
         # The last cycle's entitlements; statuses are built from them when first read (metrics
@@ -815,11 +819,13 @@ class ResourceManager:
     def _where(self, w: Waiting, start: float, placed: Sequence[tuple[float, Gang]]) -> str | None:
         """Where reserved gang ``w`` is expected to start at ``start``: placement on the hosts
         as they will be then (the gangs expected to end by then gone; those admitted and not
-        expected to end by then placed first). Asked again only when its start moves: a
-        reason is written once, and a placement per cycle would cost every cycle."""
+        expected to end by then placed first). Asked again only when its start moves, and
+        at most every :data:`SPOT_SECONDS`: the start moves with nearly every gang that starts
+        or ends, and each answer places on a snapshot of every host."""
+        now = self._clock()
         told = self._spots.get(w.key)
-        if told is not None and told[0] == start:
-            return told[1]
+        if told is not None and (told[0] == start or now - told[1] < SPOT_SECONDS):
+            return told[2]
         placement = self._placement
         assert placement is not None
         ended = {
@@ -830,7 +836,7 @@ class ResourceManager:
         first = [g for g in self._admitted if g.job_id not in ended]
         first += [g for end, g in placed if end > start]
         spot = placement.where(self._gang_of(w), ended, first)
-        self._spots[w.key] = (start, spot)
+        self._spots[w.key] = (start, now, spot)
         return spot
 
     def _gang_of(self, w: Waiting) -> Gang:
