@@ -35,7 +35,7 @@ from peloton.core.resources import EXECUTOR_RESOURCES, ZERO, Resources
 from peloton.core.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
 from peloton.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from peloton.hostmgr import states as mesos_states
-from peloton.hostmgr.acks import Acknowledger
+from peloton.hostmgr.calls import Acknowledger, Pipes, Stream, accept_body
 from peloton.hostmgr.hosts import HostRegistry
 from peloton.hostmgr.launch import grace_policy, launch_group
 from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
@@ -156,6 +156,7 @@ class HostManager:
         self._offer_listeners: list[Callable[[], None]] = []
         self._pending: list[Mapping[str, Any]] = []
         self._acks = Acknowledger()
+        self._accepts = Pipes()  # the launch workers' ACCEPTs
         self._writers = ThreadPoolExecutor(writers, thread_name_prefix="hostmgr-write")
         self._drain_queued = False
         metrics.watch(ClusterGauges(self.hosts.counts, self.hosts.capacity))
@@ -181,6 +182,7 @@ class HostManager:
         if self._worker is not None:
             self._worker.join(timeout=10)
         self._acks.close()
+        self._accepts.close()
         self._writers.shutdown()
         self.metrics.connected.set(0)
 
@@ -523,8 +525,8 @@ class HostManager:
         offer); Unavailable if not subscribed. A host whose ACCEPT fails loses its tasks: the
         master never saw them, so reconciliation reports them LOST.
         """
-        driver = self._driver
-        if driver is None or not self.connected or not self.framework_id:
+        stream = self._stream()
+        if stream is None or not self.framework_id:
             raise Unavailable("not subscribed to a Mesos master")
         ops = []
         for lease, tasks in shares:
@@ -543,17 +545,35 @@ class HostManager:
                 raise LeaseError(f"{lease.hostname} ({lease.agent_id}): {exc}") from exc
         self.pool.take_for_launch([lease for lease, _ in shares], self._now())
         self.metrics.offers_held.set(self.pool.held())
-        for (lease, tasks), op in zip(shares, ops, strict=True):
+        for lease, tasks in shares:
             for t in tasks:
                 self._agents[t.task_id] = lease.agent_id
                 self.hosts.use(t.task_id, lease.agent_id, t.resources)
-            offer_ids = [{"value": i} for i in lease.offer_ids]
-            # What the share leaves of the host is what the next gangs need: have it offered
-            # again at the next allocation, not after the default 5 s refuse filter.
-            if self._call(lambda d, o=offer_ids, op=op: d.acceptOffers(o, [op], _NO_REFUSE)):  # type: ignore[misc]
+        # One ACCEPT per host, pipelined. What a share leaves of its host is what the next
+        # gangs need: have it offered again at the next allocation, not after the default 5 s
+        # refuse filter.
+        calls = [
+            accept_body(self.framework_id, lease.offer_ids, [op], _NO_REFUSE)
+            for (lease, _), op in zip(shares, ops, strict=True)
+        ]
+        try:
+            answers = self._accepts.exchange(stream, calls)
+        except (OSError, ValueError) as exc:
+            log.warning("ACCEPT failed", extra={"error": str(exc), "hosts": len(calls)})
+            answers = []
+        for i, (lease, tasks) in enumerate(shares):
+            status, body = answers[i] if i < len(answers) else (0, b"")
+            if 200 <= status < 300:
                 self.metrics.tasks_launched.inc(len(tasks))
-            else:
-                log.warning("ACCEPT failed", extra={"host": lease.hostname})
+            elif status:
+                log.warning(
+                    "ACCEPT refused",
+                    extra={
+                        "host": lease.hostname,
+                        "status": status,
+                        "body": body[:200].decode(errors="replace"),
+                    },
+                )
 
     def kill(self, attempt_ids: Sequence[str], grace_seconds: int) -> None:
         """TaskKiller: KILL each attempt with a grace period (SIGTERM, then SIGKILL)."""
@@ -662,15 +682,20 @@ class HostManager:
         self._acknowledge(ack)
 
     def _acknowledge(self, statuses: Sequence[Mapping[str, Any]]) -> None:
+        stream = self._stream()
+        if stream is not None and statuses:
+            self._acks.send(stream, self.framework_id, statuses)
+
+    def _stream(self) -> Stream | None:
+        """Where calls of the current subscription go (None: not subscribed)."""
         driver = self._driver
-        if driver is None or not self.connected or not statuses:
-            return
+        if driver is None or not self.connected:
+            return None
         master, stream_id = driver.master, driver.stream_id
         if not master or not stream_id:
-            return
+            return None
         credential = driver._basic_credential
-        headers = {"Authorization": credential} if credential else None
-        self._acks.send(master, stream_id, self.framework_id, statuses, headers)
+        return Stream(master, stream_id, {"Authorization": credential} if credential else None)
 
     def _apply(self, job_id: str, items: list[_Planned]) -> list[_Planned]:
         """Write one job's updates; returns those that may be acknowledged (written, or found

@@ -737,7 +737,7 @@ def _write_tasks_from_values(
 def _tasks_from_values(columns: tuple[str, ...]) -> str:
     """The UPDATE of :func:`_write_tasks_from_values` for ``columns`` (each value cast to its
     column's type: a literal's own type may differ, and a column of NULLs has none)."""
-    dialect = postgresql.dialect()
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     sets = [f"{c} = v.{c}::{_TASKS.c[c].type.compile(dialect=dialect)}" for c in columns]
     return (
         f"UPDATE {_TASKS.name} AS t SET {', '.join(sets)}, version = t.version + v.bumps "

@@ -1,0 +1,228 @@
+"""Scheduler calls the host manager makes most, pipelined on connections of their own.
+
+Every task start brings two status updates (TASK_STARTING, TASK_RUNNING), each acknowledged with
+an ACKNOWLEDGE call once it is persisted, and every gang launch an ACCEPT per host. Through the
+driver each call is one HTTP request and answer, each waiting for the last under the driver's
+one lock (the launch workers' ACCEPTs queued behind each other and behind acknowledgements), and
+parsed by ``http.client``. Here a batch of calls is written at once on a keep-alive connection
+(HTTP/1.1 pipelining: the master answers in order) and the answers are read after, so a burst of
+thousands costs a few round trips and little CPU: :class:`Acknowledger` on one connection, and
+:class:`Pipes` for the launch workers, a connection per thread. A failed acknowledgement needs no
+retry: Mesos re-sends an update until it is acknowledged, and a re-sent update is acknowledged
+again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PATH = "/api/v1/scheduler"
+# Requests written before their answers are read: the answers (~100 bytes each) must fit in the
+# socket buffers, or the master would block writing them while we block writing requests.
+WINDOW = 256
+TIMEOUT_SECONDS = 30.0
+# Bytes of answers held unparsed at most (a window of answers is a few tens of KiB).
+MAX_HEAD = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Where calls of one framework subscription go: the master (host:port), the stream id it
+    gave, and extra headers (credentials)."""
+
+    master: str
+    stream_id: str
+    headers: Mapping[str, str] | None = None
+
+
+class Pipe:
+    """One keep-alive connection to the master, calls pipelined on it (from one thread)."""
+
+    def __init__(self, timeout: float = TIMEOUT_SECONDS) -> None:
+        self._timeout = timeout
+        self._address = ""
+        self._sock: socket.socket | None = None
+        self._buffer = bytearray()  # received, not yet parsed
+
+    def exchange(self, stream: Stream, bodies: Sequence[bytes]) -> list[tuple[int, bytes]]:
+        """Send ``bodies`` (JSON calls) and return each answer's (status, body), in order.
+        Raises OSError or ValueError (the connection is then closed) if the connection fails;
+        answers not read then are unknown."""
+        answers: list[tuple[int, bytes]] = []
+        try:
+            for i in range(0, len(bodies), WINDOW):
+                answers += self._window(stream, bodies[i : i + WINDOW])
+        except (OSError, ValueError):
+            self.close()
+            raise
+        return answers
+
+    def _window(self, stream: Stream, bodies: Sequence[bytes]) -> list[tuple[int, bytes]]:
+        if self._sock is None or self._address != stream.master:
+            self.close()
+            host, port = stream.master.rsplit(":", 1)
+            self._sock = socket.create_connection((host, int(port)), timeout=self._timeout)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._address = stream.master
+        head = (
+            f"POST {PATH} HTTP/1.1\r\nHost: {stream.master}\r\n"
+            f"Content-Type: application/json\r\nAccept: application/json\r\n"
+            f"Mesos-Stream-Id: {stream.stream_id}\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in (stream.headers or {}).items())
+        ).encode()
+        self._sock.sendall(
+            b"".join(head + b"Content-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies)
+        )
+        answers = []
+        for _ in bodies:
+            status, body, keep = self._response()
+            answers.append((status, body))
+            if not keep:
+                self.close()
+                if len(answers) < len(bodies):
+                    raise ValueError("the master closed the connection mid-pipeline")
+                break
+        return answers
+
+    def _response(self) -> tuple[int, bytes, bool]:
+        """(status, body, whether the connection stays open) of the next answer. Parsed from
+        the received bytes directly: answers come by the thousand, and a buffered reader's
+        line-by-line reading cost more than the rest of an acknowledgement."""
+        assert self._sock is not None
+        while (end := self._buffer.find(b"\r\n\r\n")) < 0:
+            self._receive()
+        status, length, keep = _parse_head(bytes(self._buffer[:end]))
+        start = end + 4
+        while len(self._buffer) < start + length:
+            self._receive()
+        body = bytes(self._buffer[start : start + length])
+        del self._buffer[: start + length]
+        return status, body, keep
+
+    def _receive(self) -> None:
+        assert self._sock is not None
+        data = self._sock.recv(65536)
+        if not data:
+            raise ValueError("the master closed the connection")
+        if len(self._buffer) + len(data) > MAX_HEAD:
+            raise ValueError("answer too large")
+        self._buffer += data
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = None
+        self._buffer.clear()
+
+
+class Pipes:
+    """A :class:`Pipe` per calling thread (the launch workers call at once)."""
+
+    def __init__(self, timeout: float = TIMEOUT_SECONDS) -> None:
+        self._timeout = timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[Pipe] = []
+
+    def exchange(self, stream: Stream, bodies: Sequence[bytes]) -> list[tuple[int, bytes]]:
+        """:meth:`Pipe.exchange` on this thread's connection."""
+        pipe: Pipe | None = getattr(self._local, "pipe", None)
+        if pipe is None:
+            pipe = self._local.pipe = Pipe(self._timeout)
+            with self._lock:
+                self._all.append(pipe)
+        return pipe.exchange(stream, bodies)
+
+    def close(self) -> None:
+        with self._lock:
+            for pipe in self._all:
+                pipe.close()
+
+
+class Acknowledger:
+    """Sends ACKNOWLEDGE calls for one framework subscription (``send`` from one thread)."""
+
+    def __init__(self, timeout: float = TIMEOUT_SECONDS) -> None:
+        self._pipe = Pipe(timeout)
+
+    def send(self, stream: Stream, framework_id: str, statuses: Sequence[Mapping[str, Any]]) -> int:
+        """Acknowledge ``statuses`` (those with a uuid); returns how many the master accepted.
+        Errors are logged, never raised."""
+        calls = [_body(framework_id, s) for s in statuses if "uuid" in s]
+        try:
+            answers = self._pipe.exchange(stream, calls)
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "acknowledgements failed; Mesos re-sends the updates",
+                extra={"error": str(exc), "unacknowledged": len(calls)},
+            )
+            return 0
+        for status, body in answers:
+            if not 200 <= status < 300:
+                log.warning(
+                    "acknowledgement refused",
+                    extra={"status": status, "body": body[:200].decode(errors="replace")},
+                )
+        return sum(1 for status, _ in answers if 200 <= status < 300)
+
+    def close(self) -> None:
+        self._pipe.close()
+
+
+def accept_body(
+    framework_id: str, offer_ids: Sequence[str], operations: Sequence[Any], filters: Any
+) -> bytes:
+    """An ACCEPT call, as the driver's ``acceptOffers`` sends it."""
+    return json.dumps(
+        {
+            "type": "ACCEPT",
+            "framework_id": {"value": framework_id},
+            "accept": {
+                "offer_ids": [{"value": i} for i in offer_ids],
+                "operations": list(operations),
+                "filters": filters,
+            },
+        }
+    ).encode()
+
+
+def _body(framework_id: str, status: Mapping[str, Any]) -> bytes:
+    return json.dumps(
+        {
+            "type": "ACKNOWLEDGE",
+            "framework_id": {"value": framework_id},
+            "acknowledge": {
+                "agent_id": status["agent_id"],
+                "task_id": status["task_id"],
+                "uuid": status["uuid"],
+            },
+        }
+    ).encode()
+
+
+def _parse_head(head: bytes) -> tuple[int, int, bool]:
+    """(status, content length, whether the connection stays open) of a response's head."""
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+        raise ValueError(f"not an HTTP response: {lines[0][:80]!r}")
+    length = 0
+    keep = parts[0] == b"HTTP/1.1"
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"connection":
+            keep = value.strip().lower() != b"close"
+        elif name == b"transfer-encoding":
+            raise ValueError("chunked answer to a call")
+    return int(parts[1]), length, keep
