@@ -11,12 +11,23 @@ Example::
             print(update.event.to_state)
 
 Every method raises :class:`ClientError` (with the gRPC status code) when the server refuses.
+
+Several daemons (README "Several daemons"): give their addresses separated by commas
+(``"h1:5392,h2:5392"``). A call that fails UNAVAILABLE (the daemon is down or cannot be reached)
+is sent to the next address, each address at most once per call, and the client stays with the
+one that answered; any other status is raised as it is. ``create_job`` then sends a request id
+(one it makes up when the caller gave none), so a retry after a lost reply returns the job the
+first attempt created; ``restart_job``, which is not idempotent, moves on only when the daemon
+could not be connected to at all; ``watch_job`` resumes on the next daemon after the last event it
+passed on.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TypeVar
 
@@ -35,6 +46,24 @@ def default_server() -> str:
     return os.environ.get("PELOTON_SERVER", DEFAULT_SERVER)
 
 
+# Target forms gRPC reads itself (one target, whatever commas it holds: ipv4:a,b is a list too).
+_GRPC_SCHEMES = ("unix:", "unix-abstract:", "ipv4:", "ipv6:")
+_TERMINAL = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_KILLED)
+
+
+def server_addresses(server: str) -> list[str]:
+    """The gRPC targets for ``ADDRESS[,ADDRESS...]``, each read by :func:`server_address`: the
+    daemons a client fails over between, in the order given. A target with a gRPC scheme is one
+    target, commas and all. Raises ValueError for an empty entry or a bad address."""
+    text = server.strip()
+    if "://" in text or text.startswith(_GRPC_SCHEMES):
+        return [text]
+    parts = text.split(",")
+    if len(parts) > 1 and not all(part.strip() for part in parts):
+        raise ValueError(f"{server!r} has an empty address (ADDRESS,ADDRESS...)")
+    return [server_address(part) for part in parts]
+
+
 def server_address(server: str) -> str:
     """The gRPC target for ``HOST[:PORT]``: a HOST alone means port 5392 (gRPC would dial 443).
 
@@ -43,7 +72,7 @@ def server_address(server: str) -> str:
     Raises ValueError for an empty host or a port that is not 1..65535.
     """
     text = server.strip()
-    if "://" in text or text.startswith(("unix:", "unix-abstract:", "ipv4:", "ipv6:")):
+    if "://" in text or text.startswith(_GRPC_SCHEMES):
         return text
     if text.startswith("["):
         end = text.find("]")
@@ -79,22 +108,56 @@ def _error(exc: grpc.RpcError) -> ClientError:
     return ClientError(code, details or code.name)
 
 
+@dataclass(frozen=True)
+class _Daemon:
+    """One daemon's channel and stubs."""
+
+    address: str
+    channel: grpc.Channel
+    jobs: job_pb2_grpc.JobServiceStub
+    pools: pool_pb2_grpc.PoolServiceStub
+    hosts: host_pb2_grpc.HostServiceStub
+
+    @classmethod
+    def open(cls, address: str) -> _Daemon:
+        channel = grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        )
+        return cls(
+            address,
+            channel,
+            job_pb2_grpc.JobServiceStub(channel),
+            pool_pb2_grpc.PoolServiceStub(channel),
+            host_pb2_grpc.HostServiceStub(channel),
+        )
+
+
+def _unsent(error: ClientError) -> bool:
+    """Whether an UNAVAILABLE call never reached a daemon: gRPC could not connect (as opposed to
+    a connection lost with the request sent, whose reply may be all that was lost)."""
+    return error.details.startswith("failed to connect to all addresses")
+
+
 class PelotonClient:
-    """Typed methods for every RPC; ``timeout`` (seconds) bounds each unary call. ``server`` is
-    ``HOST[:PORT]`` (port 5392 by default), else PELOTON_SERVER, else 127.0.0.1:5392."""
+    """Typed methods for every RPC; ``timeout`` (seconds) bounds each unary call (each attempt,
+    when one fails over). ``server`` is ``HOST[:PORT]`` (port 5392 by default) or several of them
+    separated by commas, else PELOTON_SERVER, else 127.0.0.1:5392."""
 
     def __init__(self, server: str | None = None, *, timeout: float = 30.0) -> None:
-        self.server = server_address(server or default_server())
+        self.addresses = server_addresses(server or default_server())
+        self.server = ",".join(self.addresses)
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(
-            self.server, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        )
-        self._jobs = job_pb2_grpc.JobServiceStub(self._channel)
-        self._pools = pool_pb2_grpc.PoolServiceStub(self._channel)
-        self._hosts = host_pb2_grpc.HostServiceStub(self._channel)
+        self._daemons = [_Daemon.open(address) for address in self.addresses]
+        self._current = 0  # the daemon that answered last: calls start there
+
+    @property
+    def current(self) -> str:
+        """The address calls go to first now (the one that answered last)."""
+        return self._daemons[self._current].address
 
     def close(self) -> None:
-        self._channel.close()
+        for daemon in self._daemons:
+            daemon.channel.close()
 
     def __enter__(self) -> PelotonClient:
         return self
@@ -115,13 +178,22 @@ class PelotonClient:
     def create_job_ex(
         self, spec: job_pb2.JobSpec, request_id: str = ""
     ) -> job_pb2.CreateJobResponse:
-        """CreateJob with the full response (``created`` tells a retry from a new job)."""
-        return self._call(
-            self._jobs.CreateJob, job_pb2.CreateJobRequest(spec=spec, request_id=request_id)
-        )
+        """CreateJob with the full response (``created`` tells a retry from a new job).
+
+        With several addresses and no ``request_id``, the client makes one up for this call, so
+        that a retry on the next daemon after a lost reply finds the job instead of making a
+        second; a job found under it was made by this call, so ``created`` is then true."""
+        made_up = not request_id and len(self._daemons) > 1
+        if made_up:
+            request_id = f"client-{uuid.uuid4().hex}"
+        request = job_pb2.CreateJobRequest(spec=spec, request_id=request_id)
+        response = self._call(lambda d: d.jobs.CreateJob, request)
+        if made_up:
+            response.created = True
+        return response
 
     def get_job(self, job_id: str) -> job_pb2.Job:
-        return self._call(self._jobs.GetJob, job_pb2.GetJobRequest(job_id=job_id)).job
+        return self._call(lambda d: d.jobs.GetJob, job_pb2.GetJobRequest(job_id=job_id)).job
 
     def list_jobs(
         self,
@@ -142,7 +214,7 @@ class PelotonClient:
             page_size=page_size,
             page_token=page_token,
         )
-        return self._call(self._jobs.ListJobs, request)
+        return self._call(lambda d: d.jobs.ListJobs, request)
 
     def iter_jobs(self, **filters: object) -> Iterator[job_pb2.Job]:
         """Every job matching the filters of :meth:`list_jobs`, across pages."""
@@ -156,32 +228,56 @@ class PelotonClient:
 
     def kill_job(self, job_id: str, message: str = "") -> job_pb2.Job:
         request = job_pb2.KillJobRequest(job_id=job_id, message=message)
-        return self._call(self._jobs.KillJob, request).job
+        return self._call(lambda d: d.jobs.KillJob, request).job
 
     def restart_job(self, job_id: str, message: str = "") -> job_pb2.Job:
+        """Restart the job. Not idempotent (a second restart would start the new attempts over):
+        with several addresses it fails over only when the daemon could not be reached at all."""
         request = job_pb2.RestartJobRequest(job_id=job_id, message=message)
-        return self._call(self._jobs.RestartJob, request).job
+        return self._call(lambda d: d.jobs.RestartJob, request, resend=False).job
 
     def delete_job(self, job_id: str) -> None:
-        self._call(self._jobs.DeleteJob, job_pb2.DeleteJobRequest(job_id=job_id))
+        self._call(lambda d: d.jobs.DeleteJob, job_pb2.DeleteJobRequest(job_id=job_id))
 
     def watch_job(self, job_id: str, after_sequence: int = 0) -> Iterator[job_pb2.WatchJobResponse]:
-        """The job's events as they happen, ending when the job is terminal."""
-        stream = self._jobs.WatchJob(
-            job_pb2.WatchJobRequest(job_id=job_id, after_sequence=after_sequence)
-        )
-        try:
-            yield from stream
-        except grpc.RpcError as exc:
-            raise _error(exc) from None
-        finally:
-            stream.cancel()
+        """The job's events as they happen, ending when the job is terminal.
+
+        With several addresses, a stream that fails UNAVAILABLE or ends before the job did (its
+        daemon died or stopped) resumes on the next daemon after the last event passed on; each
+        address is tried at most once between two events."""
+        last = after_sequence
+        index = self._current
+        tried = 0  # daemons tried since the last event
+        while True:
+            daemon = self._daemons[index]
+            stream = daemon.jobs.WatchJob(
+                job_pb2.WatchJobRequest(job_id=job_id, after_sequence=last)
+            )
+            terminal = False
+            try:
+                for update in stream:
+                    self._current, tried = index, 0
+                    last = update.event.sequence
+                    terminal = update.job_state in _TERMINAL
+                    yield update
+            except grpc.RpcError as exc:
+                error = _error(exc)
+                tried += 1
+                if error.code != grpc.StatusCode.UNAVAILABLE or tried >= len(self._daemons):
+                    raise error from None
+            else:
+                tried += 1
+                if terminal or tried >= len(self._daemons):
+                    return
+            finally:
+                stream.cancel()
+            index = (index + 1) % len(self._daemons)
 
     # ------------------------------------------------------------------ tasks
 
     def get_task(self, job_id: str, instance_id: int) -> job_pb2.GetTaskResponse:
         request = job_pb2.GetTaskRequest(job_id=job_id, instance_id=instance_id)
-        return self._call(self._jobs.GetTask, request)
+        return self._call(lambda d: d.jobs.GetTask, request)
 
     def list_tasks(
         self,
@@ -194,7 +290,7 @@ class PelotonClient:
         request = job_pb2.ListTasksRequest(
             job_id=job_id, states=states, page_size=page_size, page_token=page_token
         )
-        return self._call(self._jobs.ListTasks, request)
+        return self._call(lambda d: d.jobs.ListTasks, request)
 
     def iter_tasks(
         self, job_id: str, *, states: Sequence[job_pb2.TaskState.ValueType] = ()
@@ -210,38 +306,39 @@ class PelotonClient:
     # ------------------------------------------------------------------ pools
 
     def create_pool(self, spec: pool_pb2.PoolSpec) -> pool_pb2.Pool:
-        return self._call(self._pools.CreatePool, pool_pb2.CreatePoolRequest(spec=spec)).pool
+        return self._call(lambda d: d.pools.CreatePool, pool_pb2.CreatePoolRequest(spec=spec)).pool
 
     def update_pool(self, spec: pool_pb2.PoolSpec) -> pool_pb2.Pool:
         """Replace a pool's spec (kinds left out go back to their defaults)."""
-        return self._call(self._pools.UpdatePool, pool_pb2.UpdatePoolRequest(spec=spec)).pool
+        return self._call(lambda d: d.pools.UpdatePool, pool_pb2.UpdatePoolRequest(spec=spec)).pool
 
     def delete_pool(self, path: str) -> None:
-        self._call(self._pools.DeletePool, pool_pb2.DeletePoolRequest(path=path))
+        self._call(lambda d: d.pools.DeletePool, pool_pb2.DeletePoolRequest(path=path))
 
     def get_pool(self, path: str) -> pool_pb2.Pool:
-        return self._call(self._pools.GetPool, pool_pb2.GetPoolRequest(path=path)).pool
+        return self._call(lambda d: d.pools.GetPool, pool_pb2.GetPoolRequest(path=path)).pool
 
     def list_pools(self) -> list[pool_pb2.Pool]:
         """The whole pool tree, parents before children, starting with the root ``/``."""
-        return list(self._call(self._pools.ListPools, pool_pb2.ListPoolsRequest()).pools)
+        return list(self._call(lambda d: d.pools.ListPools, pool_pb2.ListPoolsRequest()).pools)
 
     # ------------------------------------------------------------------ hosts
 
     def list_hosts(self, states: Sequence[str] = ()) -> list[host_pb2.Host]:
         request = host_pb2.ListHostsRequest(states=list(states))
-        return list(self._call(self._hosts.ListHosts, request).hosts)
+        return list(self._call(lambda d: d.hosts.ListHosts, request).hosts)
 
     def get_host(self, hostname: str) -> host_pb2.Host:
-        return self._call(self._hosts.GetHost, host_pb2.GetHostRequest(hostname=hostname)).host
+        request = host_pb2.GetHostRequest(hostname=hostname)
+        return self._call(lambda d: d.hosts.GetHost, request).host
 
     def drain_host(self, hostname: str) -> host_pb2.Host:
         request = host_pb2.DrainHostRequest(hostname=hostname)
-        return self._call(self._hosts.DrainHost, request).host
+        return self._call(lambda d: d.hosts.DrainHost, request).host
 
     def undrain_host(self, hostname: str) -> host_pb2.Host:
         request = host_pb2.UndrainHostRequest(hostname=hostname)
-        return self._call(self._hosts.UndrainHost, request).host
+        return self._call(lambda d: d.hosts.UndrainHost, request).host
 
     def get_task_logs(
         self,
@@ -264,7 +361,7 @@ class PelotonClient:
             attempt=attempt,
             previous=previous,
         )
-        return self._call(self._hosts.GetTaskLogs, request)
+        return self._call(lambda d: d.hosts.GetTaskLogs, request)
 
     def get_task_gpus(
         self, job_id: str, instance_id: int, *, attempt: int = 0
@@ -275,12 +372,32 @@ class PelotonClient:
         request = host_pb2.GetTaskGpusRequest(
             job_id=job_id, instance_id=instance_id, attempt=attempt
         )
-        return self._call(self._hosts.GetTaskGpus, request)
+        return self._call(lambda d: d.hosts.GetTaskGpus, request)
 
     # ------------------------------------------------------------------ plumbing
 
-    def _call(self, method: Callable[..., R], request: object) -> R:
-        try:
-            return method(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise _error(exc) from None
+    def _call(
+        self,
+        method: Callable[[_Daemon], Callable[..., R]],
+        request: object,
+        *,
+        resend: bool = True,
+    ) -> R:
+        """``method`` of the daemon that answered last, then of the next ones in turn while the
+        call fails UNAVAILABLE (each daemon once); the last error is raised. ``resend`` false:
+        only while the daemon could not be connected to (the request never left)."""
+        count = len(self._daemons)
+        start = self._current
+        for attempt in range(count):
+            index = (start + attempt) % count
+            try:
+                result = method(self._daemons[index])(request, timeout=self.timeout)
+            except grpc.RpcError as exc:
+                error = _error(exc)
+                retry = error.code == grpc.StatusCode.UNAVAILABLE and (resend or _unsent(error))
+                if not retry or attempt == count - 1:
+                    raise error from None
+                continue
+            self._current = index
+            return result
+        raise AssertionError("unreachable: a client has at least one address")

@@ -14,7 +14,7 @@ import click
 
 from peloton.cli import cluster, db, hosts, jobs, minicluster, pools, server, simulate
 from peloton.cli.common import CliError, cli_error, usage_error
-from peloton.client import default_server, server_address
+from peloton.client import default_server, server_addresses
 
 
 def _seconds(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
@@ -26,7 +26,7 @@ def _seconds(_ctx: click.Context, _param: click.Parameter, value: float) -> floa
 
 def _server(value: str) -> str:
     try:
-        return server_address(value)
+        return ",".join(server_addresses(value))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -38,7 +38,8 @@ def _server(value: str) -> str:
     default=default_server,
     show_default="PELOTON_SERVER or 127.0.0.1:5392",
     callback=lambda _ctx, _param, value: _server(value),
-    help="Address of the peloton server: HOST[:PORT], port 5392 if left out ([IPV6]:PORT).",
+    help="Address of the peloton server: HOST[:PORT], port 5392 if left out ([IPV6]:PORT); "
+    "several daemons separated by commas (the next is tried while one cannot be reached).",
 )
 @click.option(
     "--timeout",
