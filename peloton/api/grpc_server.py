@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeAlias, TypeVar
 
@@ -36,7 +36,7 @@ class GrpcServer:
         metrics: Metrics,
         workers: int,
         quotas: WatchQuotas,
-        changed_after: Callable[[int], tuple[int, set[str]]],
+        changed_after: Callable[[int], Mapping[str, int]],
         newest: Callable[[], int],
     ) -> None:
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc")

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 
 from peloton.api.peers import client_of
+from peloton.core.eventpoll import EventPoll
 from peloton.errors import ResourceExhausted
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ class WatchHub:
         self,
         executor: Executor,
         quotas: WatchQuotas,
-        changed_after: Callable[[int], tuple[int, set[str]]],
+        changed_after: Callable[[int], Mapping[str, int]],
         newest: Callable[[], int],
         *,
         read_slots: int = 4,
@@ -104,15 +106,15 @@ class WatchHub:
         self._loop = asyncio.get_running_loop()
         self._poller = self._loop.create_task(self._poll(await self._mark()))
 
-    async def _mark(self) -> int | None:
-        """The newest event now (None: unknown, the database did not answer)."""
+    async def _mark(self) -> EventPoll | None:
+        """Polls from the newest event now (None: unknown, the database did not answer)."""
         try:
             mark = await self.read(self._newest)
         except Exception as exc:  # the database blinked; the next poll tries again
             self._poll_failed(exc)
             return None
         self._poll_failing = False
-        return mark
+        return EventPoll(mark, time.monotonic())
 
     def _poll_failed(self, exc: Exception) -> None:
         """Log the first failure of a streak only (the database probe reports the outage)."""
@@ -214,20 +216,22 @@ class WatchHub:
         for job_id in list(self._by_job):
             self._wake(job_id)
 
-    async def _poll(self, last: int | None) -> None:
-        """Wake the streams of jobs that got events from any daemon since the last poll. It
-        polls whether or not anything is watched: a stream that opens reads its job after the
-        poll's mark, so every event committed after that read is newer than the mark."""
+    async def _poll(self, seen: EventPoll | None) -> None:
+        """Wake the streams of jobs that got events from any daemon since the last poll (one
+        committed after newer ones too: see :class:`EventPoll`). It polls whether or not
+        anything is watched: a stream that opens reads its job after the poll's start, so
+        every event committed after that read is found."""
         while True:
             await asyncio.sleep(POLL_SECONDS)
-            if last is None:
-                last = await self._mark()
+            if seen is None:
+                seen = await self._mark()
                 continue
+            now = time.monotonic()
             try:
-                last, jobs = await self.read(partial(self._changed_after, last))
+                newest = await self.read(partial(self._changed_after, seen.after(now)))
             except Exception as exc:  # the database blinked; the next poll tries again
                 self._poll_failed(exc)
                 continue
             self._poll_failing = False
-            for job_id in jobs:
+            for job_id in seen.news(now, newest):
                 self._wake(job_id)

@@ -5,9 +5,8 @@ the leader learns of it here, by polling the job events (one query per poll, whi
 wrote them) and marking those jobs changed for its resource manager. A follower instead re-reads
 the pool tree, which only the leader changes, so that it accepts jobs in new pools.
 
-An event's sequence is taken when it is written but becomes visible when its transaction
-commits, possibly after newer ones: each poll therefore reads again the events of the last
-:data:`RESCAN_SECONDS`, and a job seen twice is only re-read by the resource manager.
+An event committed after newer ones is still found (:class:`peloton.core.eventpoll.EventPoll`),
+and a job is told once per event, not once per poll that reads it again.
 """
 
 from __future__ import annotations
@@ -15,14 +14,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from peloton.core.eventpoll import EventPoll
 
 log = logging.getLogger(__name__)
-
-# Longer than a write transaction lasts (the database's statement timeout bounds it): an event
-# committed later than a newer one is still found this long after that one.
-RESCAN_SECONDS = 10.0
 
 
 class Sync:
@@ -31,7 +27,7 @@ class Sync:
     def __init__(
         self,
         *,
-        changes: Callable[[int], tuple[int, set[str]]],
+        changes: Callable[[int], Mapping[str, int]],
         newest: Callable[[], int],
         leads: Callable[[], bool],
         on_jobs: Callable[[set[str]], None],
@@ -39,8 +35,8 @@ class Sync:
         interval: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``changes(after)``: the newest event's sequence and the jobs with events after
-        ``after``; ``newest()``: the newest sequence now; ``on_jobs``: jobs changed (on the
+        """``changes(after)``: the jobs with events after ``after``, each with its newest
+        event's sequence; ``newest()``: the newest sequence now; ``on_jobs``: jobs changed (on the
         leader); ``on_pools``: re-read the pools (on a follower)."""
         self._changes = changes
         self._newest = newest
@@ -51,7 +47,8 @@ class Sync:
         self._clock = clock
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ha-sync", daemon=True)
-        self._seen: deque[tuple[float, int]] = deque()  # (when, newest sequence then)
+        self._seen: EventPoll | None = None
+        self._led = False  # whether it led at the last poll
         self._failing = False
 
     def start(self) -> None:
@@ -76,15 +73,16 @@ class Sync:
     def poll(self) -> None:
         """One poll: the leader's changed jobs, or a follower's pools."""
         now = self._clock()
-        if not self._seen:
+        if self._seen is None:
             # Jobs written before this daemon led are read by its resource manager's load().
-            self._seen.append((now, self._newest()))
+            self._seen = EventPoll(self._newest(), now)
             return
-        while len(self._seen) > 1 and self._seen[1][0] <= now - RESCAN_SECONDS:
-            self._seen.popleft()
-        newest, jobs = self._changes(self._seen[0][1])
-        self._seen.append((now, newest))
-        if self._leads():
+        leads = self._leads()
+        if leads and not self._led:
+            self._seen.retell()  # what a follower was told, it did not act on
+        self._led = leads
+        jobs = self._seen.news(now, self._changes(self._seen.after(now)))
+        if leads:
             self._on_jobs(jobs)
         else:
             self._on_pools()

@@ -82,9 +82,9 @@ class Reads(Part):
         with self._ctx.db.reading() as session:
             return repo.newest_event(session)
 
-    def jobs_changed_after(self, sequence: int) -> tuple[int, set[str]]:
-        """The newest event's sequence and the jobs with events after ``sequence``, whichever
-        daemon wrote them."""
+    def jobs_changed_after(self, sequence: int) -> dict[str, int]:
+        """The jobs with events after ``sequence``, whichever daemon wrote them, each with its
+        newest event's sequence (see :class:`peloton.core.eventpoll.EventPoll`)."""
         with self._ctx.db.reading() as session:
             return repo.jobs_with_events_after(session, sequence)
 

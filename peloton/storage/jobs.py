@@ -1058,15 +1058,15 @@ def newest_task_events(
     return [_event_record(r, texts) for r in rows], older
 
 
-def jobs_with_events_after(session: Session, after: int) -> tuple[int, set[str]]:
-    """The newest event's sequence (``after`` when there is none newer) and the jobs with
-    events newer than ``after``: one query however many jobs are watched."""
+def jobs_with_events_after(session: Session, after: int) -> dict[str, int]:
+    """The jobs with events newer than ``after``, each with its newest event's sequence: one
+    query however many jobs are watched."""
     rows = session.execute(
         select(JobEventRow.job_id, func.max(JobEventRow.id))
         .where(JobEventRow.id > after)
         .group_by(JobEventRow.job_id)
     ).all()
-    return max((newest for _, newest in rows), default=after), {job_id for job_id, _ in rows}
+    return {job_id: int(newest) for job_id, newest in rows}
 
 
 def newest_event(session: Session) -> int:
