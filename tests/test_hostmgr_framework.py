@@ -560,3 +560,34 @@ def test_a_gang_no_hosts_could_ever_hold_fails_with_the_reason(
     failures = "peloton_placement_failures_total"
     assert registry.get_sample_value(failures, {"reason": "infeasible"}) == 1
     assert registry.get_sample_value("peloton_placement_rounds_total") == 1
+
+
+def test_reconciliation_leaves_out_attempts_just_launched_until_the_master_tells_of_them(
+    master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager
+) -> None:
+    # Their ACCEPT goes on a connection of its own: a reconciliation on the driver's could
+    # reach the master first, be answered "unknown" and have the gang marked LOST.
+    job, gang = admitted_gang(master, hostmgr, jobs, make_spec(2, gpu=1))
+    master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1", "a1", "h1", gpus=2)]}})
+    wait_for(lambda: len(hostmgr.snapshot()) == 1, 10, "an offered host")
+    assert Launcher(ListSource([gang]), hostmgr, jobs).run_once() == 1
+    launched = {attempt_id(job.id, i, 1) for i in (0, 1)}
+    master.wait_call("ACCEPT")
+
+    def reconciled() -> list[set[str]]:
+        return [
+            {t["task_id"]["value"] for t in c["reconcile"]["tasks"]}
+            for c in master.calls_of("RECONCILE")
+        ]
+
+    before = len(reconciled())
+    master.subscribed("fw-1")  # a subscription reconciles
+    wait_for(lambda: len(reconciled()) > before, 10, "a reconciliation")
+    assert all(not (ids & launched) for ids in reconciled()), reconciled()
+    # Once the master tells of one, it is reconciled like any other.
+    master.update(attempt_id(job.id, 0, 1), "TASK_RUNNING")
+    wait_for(lambda: jobs.get_task(job.id, 0)[0].state == TaskState.RUNNING, 10, "task RUNNING")
+    before = len(reconciled())
+    master.subscribed("fw-1")
+    wait_for(lambda: attempt_id(job.id, 0, 1) in set().union(*reconciled()[before:]), 10, "it")
+    assert attempt_id(job.id, 1, 1) not in set().union(*reconciled())

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 _ALL_PORTS = ((1, 65535),)
 # ACCEPT filters: the rest of the offer comes back at the master's next allocation.
 _NO_REFUSE = {"refuse_seconds": 0.0}
+# Attempts launched less than this long ago are left out of explicit reconciliation.
+LAUNCH_GRACE_SECONDS = 30.0
 # A day: pymesos gives up reconnecting (and aborts the daemon) only after this long.
 _CONNECT_TIMEOUT = 24 * 3600.0
 
@@ -153,6 +155,10 @@ class HostManager:
         # launch (or by a status update after a restart), dropped when the attempt ends (where
         # ended attempts ran is read from their records).
         self._agents: dict[str, str] = {}
+        # When each attempt this daemon launched was sent (monotonic), until its first status
+        # update: explicit reconciliation leaves these out (see _reconcile).
+        self._sent: dict[str, float] = {}
+        self._sent_lock = threading.Lock()
         self._offer_listeners: list[Callable[[], None]] = []
         self._pending: list[Mapping[str, Any]] = []
         self._acks = Acknowledger()
@@ -314,6 +320,8 @@ class HostManager:
     def on_update(self, status: Mapping[str, Any]) -> None:
         # Updates are handled in batches: a burst (a gang starting, a reconciliation) becomes
         # one transaction per job instead of one per update.
+        with self._sent_lock:  # the master knows it
+            self._sent.pop(status.get("task_id", {}).get("value", ""), None)
         with self._lock:
             self._pending.append(status)
             queued, self._drain_queued = self._drain_queued, True
@@ -545,6 +553,9 @@ class HostManager:
                 raise LeaseError(f"{lease.hostname} ({lease.agent_id}): {exc}") from exc
         self.pool.take_for_launch([lease for lease, _ in shares], self._now())
         self.metrics.offers_held.set(self.pool.held())
+        sent = time.monotonic()
+        with self._sent_lock:
+            self._sent.update((t.task_id, sent) for _, tasks in shares for t in tasks)
         for lease, tasks in shares:
             for t in tasks:
                 self._agents[t.task_id] = lease.agent_id
@@ -792,7 +803,15 @@ class HostManager:
         """Explicit reconciliation of every attempt peloton believes active, then implicit
         (Mesos then reports every task it knows; ones peloton doesn't run are killed)."""
         self._next_reconcile = self._now() + self.settings.reconcile_interval_seconds
-        active = self.active_attempts()
+        # Not the attempts launched a moment ago: their ACCEPT goes on a connection of its own
+        # and may reach the master after this call (or be still in its authorization), which
+        # would answer "unknown" and have a gang just launched marked LOST and restarted. One
+        # whose ACCEPT was lost is reconciled next time (or told LOST by the master).
+        recent = time.monotonic() - LAUNCH_GRACE_SECONDS
+        with self._sent_lock:
+            self._sent = {t: at for t, at in self._sent.items() if at > recent}
+            sent = set(self._sent)
+        active = [t for t in self.active_attempts() if t not in sent]
         for i in range(0, len(active), 1000):
             batch = [{"task_id": {"value": t}} for t in active[i : i + 1000]]
             self._call(lambda d, b=batch: d.reconcileTasks(b))  # type: ignore[misc]
