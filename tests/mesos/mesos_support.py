@@ -106,10 +106,17 @@ class MesosPeloton(Peloton):
     operator's cluster may run other pelotons) and with a short failover timeout."""
 
     def __init__(
-        self, db_url: str, cluster: RealCluster, workdir: Path, extra_args: Sequence[str] = ()
+        self,
+        db_url: str,
+        cluster: RealCluster,
+        workdir: Path,
+        extra_args: Sequence[str] = (),
+        framework_name: str | None = None,
     ) -> None:
+        """``framework_name``: given, the name several daemons share (they take over from each
+        other); else a name of this daemon's own."""
         self.cluster = cluster
-        self.framework_name = f"peloton-test-{uuid.uuid4().hex[:8]}"
+        self.framework_name = framework_name or f"peloton-test-{uuid.uuid4().hex[:8]}"
         args = ["--framework-name", self.framework_name, "--failover-timeout-seconds", "120"]
         super().__init__(db_url, cluster.master, workdir, [*args, *extra_args])
 
