@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 # mostly waits on round trips (its transaction, then its ACCEPTs), so more of them overlap more
 # waiting (bench_e2e, 10,000 tasks: 4 -> 8 gave 479-503 -> 559-615 tasks/s, alternated).
 CONCURRENT_WRITERS = 8
+# How often a daemon of several reads what the others wrote (at most: the lease renewal, if
+# shorter): jobs sent through a follower wait this long at most for the leader to see them.
+SYNC_SECONDS = 1.0
 # On shutdown, the components' last database work gets this long; then it is aborted.
 DATABASE_STOP_SECONDS = 2.0
 # How late, at worst, the daemon notices a SIGTERM or SIGINT that landed on another thread.
@@ -310,7 +313,7 @@ class Server:
             leads=self.leads,
             on_jobs=self._jobs_written,
             on_pools=self.resmgr.load_pools,
-            interval=c.leader_lease_renew_seconds,
+            interval=min(c.leader_lease_renew_seconds, SYNC_SECONDS),
         )
         self._sync.start()
         self._elector.start()

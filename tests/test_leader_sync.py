@@ -134,3 +134,16 @@ def test_the_leader_sends_the_kills_written_through_a_follower_once() -> None:
     jobs.stopping = {0: 2}
     kills.jobs_changed({"j"})
     assert killer.sent[-1] == ([attempt_id("j", 0, 2)], 7)
+
+
+def test_jobs_written_right_after_the_start_are_told_at_the_first_poll() -> None:
+    # The daemon's resource manager loads the jobs after start(): what is written between that
+    # and the thread's first poll (an interval later) must not be taken as already known.
+    events, role = Events([(1, "old")]), Role(leads=True)
+    s = sync(events, role)
+    s.start()
+    s.stop()
+    events.rows.append((2, "new"))
+    role.now = 1
+    s.poll()
+    assert role.jobs[-1] == {"new"}

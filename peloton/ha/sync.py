@@ -52,6 +52,13 @@ class Sync:
         self._failing = False
 
     def start(self) -> None:
+        """Start polling. The first poll, which marks where the later ones read from, runs
+        now: the daemon's resource manager loads the jobs after it, so none written between
+        the two is missed (if the database does not answer, the thread's first poll marks)."""
+        try:
+            self.poll()
+        except Exception as exc:
+            log.warning("cannot read what other daemons wrote", extra={"error": str(exc)})
         self._thread.start()
 
     def stop(self) -> None:
