@@ -591,3 +591,13 @@ def test_reconciliation_leaves_out_attempts_just_launched_until_the_master_tells
     master.subscribed("fw-1")
     wait_for(lambda: attempt_id(job.id, 0, 1) in set().union(*reconciled()[before:]), 10, "it")
     assert attempt_id(job.id, 1, 1) not in set().union(*reconciled())
+
+
+def test_a_subscription_revives_offers_a_leader_before_may_have_filtered(
+    master: ScriptedMaster, hostmgr: HostManager
+) -> None:
+    # Re-subscribed under its framework id, a framework keeps the decline filters an idle
+    # daemon before it set; gangs waiting now need the offers at once.
+    master.subscribed("fw-1")
+    assert hostmgr.wait_connected(10)
+    master.wait_call("REVIVE")

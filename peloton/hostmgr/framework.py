@@ -265,6 +265,10 @@ class HostManager:
         # Offers held from before the (re)subscription are void.
         self.pool.take_unleased()
         self._work.put(self._reconcile)
+        # A framework that subscribes again under its id keeps its decline filters at the
+        # master: those a leader before this daemon set while idle would hold the offers back
+        # (up to refuse_seconds) from gangs waiting now.
+        self._work.put(self._revive)
 
     def on_event(self) -> None:
         self._last_event = self._now()
