@@ -449,9 +449,11 @@ class ResourceManager:
                 time.sleep(self._cycle_seconds)
             # Changes meanwhile wait for the next cycle: every status update marks its job
             # changed, and cycling back to back under a stream of them would take the time the
-            # writes themselves need (a cycle costs the same for one changed job or many).
-            with self._wake:
-                self._wake.wait_for(lambda: self._stopping, MIN_CYCLE_GAP_SECONDS)
+            # writes themselves need (a cycle costs the same for one changed job or many). Not
+            # admissions left for the next cycle (a burst admitted in slices): it follows at once.
+            if not self._backlog:
+                with self._wake:
+                    self._wake.wait_for(lambda: self._stopping, MIN_CYCLE_GAP_SECONDS)
 
     # ---------------------------------------------------------------- inputs
 
