@@ -28,6 +28,7 @@ raw runs go to ``.bench/bench_e2e.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import select
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -261,7 +262,27 @@ def _check_history(engine: Engine, cfg: Settings, jobs: int) -> list[str]:
     return problems
 
 
-def run_once(backend: str, cfg: Settings, run: int) -> dict[str, Any]:
+# Starts the daemons of a run on its database and master, appending each to the list before
+# starting it (so that it is stopped, whatever happens); the first one appended schedules.
+DaemonStarter = Callable[[str, Path, str, list[Daemon]], None]
+
+
+def one_daemon(url: str, workdir: Path, master: str, daemons: list[Daemon]) -> None:
+    """The only daemon (no daemon id: always the leader)."""
+    daemon = Daemon(url, workdir, ["--mesos-master", master])
+    daemons.append(daemon)
+    daemon.start()
+
+
+def run_once(
+    backend: str,
+    cfg: Settings,
+    run: int,
+    start_daemons: DaemonStarter = one_daemon,
+    migrate: Callable[[str, Path], None] = migrate_db,
+) -> dict[str, Any]:
+    """One run: a fresh database migrated by ``migrate``, a minicluster, the daemons
+    ``start_daemons`` starts, and ``cfg.tasks`` tasks submitted over every daemon's API."""
     sizes = gang_sizes(cfg.tasks, cfg.max_gang, cfg.seed + run)
     specs = [job_spec(i, size) for i, size in enumerate(sizes)]
     with (
@@ -269,49 +290,60 @@ def run_once(backend: str, cfg: Settings, run: int) -> dict[str, Any]:
         database(backend, Path(tmp)) as url,
     ):
         workdir = Path(tmp)
-        migrate_db(url, workdir)
+        migrate(url, workdir)
         cluster = Cluster(workdir, cfg.hosts, cfg.racks)
-        daemon = Daemon(url, workdir)
+        daemons: list[Daemon] = []
         engine = make_engine(url, pool_size=1)
         try:
             cluster.start()
-            daemon.args = ["--mesos-master", cluster.address]
-            daemon.start()
-            with PelotonClient(daemon.target, timeout=120) as client:
+            start_daemons(url, workdir, cluster.address, daemons)
+            with contextlib.ExitStack() as stack:
+                clients = [
+                    stack.enter_context(PelotonClient(d.target, timeout=120)) for d in daemons
+                ]
                 capacity = cfg.hosts * GPUS_PER_HOST
                 _wait(
-                    lambda: _gpu_capacity(client) >= capacity,
+                    lambda: _gpu_capacity(clients[0]) >= capacity,
                     START_TIMEOUT_S,
                     f"the daemon to see {capacity} GPUs",
                 )
-                result = _measure(engine, client, specs, cfg, [daemon.pid, cluster.pid])
+                pids = [d.pid for d in daemons]
+                result = _measure(engine, clients, specs, cfg, pids, cluster.pid)
             problems = _check_history(engine, cfg, len(specs))
             result["problems"] = problems
             result["jobs"] = len(specs)
         except Exception:
-            log(f"{backend}: run failed; the daemon's log ends with:\n{daemon.tail()}")
+            for daemon in daemons:
+                log(f"{backend}: run failed; the daemon's log ends with:\n{daemon.tail()}")
             raise
         finally:
             engine.dispose()
-            daemon.stop()
+            for daemon in daemons:
+                daemon.stop()
             cluster.stop()
     return result
 
 
 def _measure(
     engine: Engine,
-    client: PelotonClient,
+    clients: Sequence[PelotonClient],
     specs: Sequence[job_pb2.JobSpec],
     cfg: Settings,
-    pids: Sequence[int],
+    daemon_pids: Sequence[int],
+    cluster_pid: int,
 ) -> dict[str, Any]:
+    """Submit ``specs`` (job i through ``clients[i % len(clients)]``) and time them to RUNNING."""
     pg = _postgres_pids()
+    pids = [*daemon_pids, cluster_pid]
     cpu0 = [_cpu_seconds([p]) for p in pids] + [_cpu_seconds(pg), time.process_time()]
     submitted: list[float] = []
 
+    def create(index: int) -> job_pb2.Job:
+        return clients[index % len(clients)].create_job(specs[index])
+
     def submit() -> None:
         with ThreadPoolExecutor(cfg.callers, thread_name_prefix="submit") as callers:
-            for job in callers.map(client.create_job, specs):
+            for job in callers.map(create, range(len(specs))):
                 if job.state != job_pb2.JOB_STATE_PENDING:
                     raise RuntimeError(f"job {job.job_id} created as {job.state}")
         submitted.append(time.perf_counter() - start)
@@ -339,6 +371,11 @@ def _measure(
     submitter.join()
     cpu1 = [_cpu_seconds([p]) for p in pids] + [_cpu_seconds(pg), time.process_time()]
     cpu = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
+    daemons = len(daemon_pids)
+    cpu_s = {"daemon": sum(cpu[:daemons])}
+    if daemons > 1:  # each daemon's too, in the order started (the first schedules)
+        cpu_s.update({f"daemon {i + 1}": c for i, c in enumerate(cpu[:daemons])})
+    cpu_s.update(minicluster=cpu[daemons], postgres=cpu[daemons + 1], bench=cpu[daemons + 2])
     wall = marks["running"]
     return {
         "submitted_s": submitted[0] if submitted else float("nan"),
@@ -346,7 +383,7 @@ def _measure(
         "launched_s": marks.get("launched", wall),
         "running_s": wall,
         "tasks_per_s": cfg.tasks / wall,
-        "cpu_s": {"daemon": cpu[0], "minicluster": cpu[1], "postgres": cpu[2], "bench": cpu[3]},
+        "cpu_s": cpu_s,
     }
 
 
