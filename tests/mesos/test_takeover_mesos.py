@@ -53,11 +53,8 @@ BURST_SECONDS = 150
 
 
 def daemon_args(daemon_id: str) -> list[str]:
-    """Its id and the short lease; and reconciliation only on subscription, the one a takeover
-    relies on (the default period, not the suite's 5 s: an explicit reconciliation sent while a
-    gang's ACCEPT is on its way may reach the master first, be answered "unknown", and restart
-    the gang that was just launched, killing its first attempts; that race has nothing to do with
-    a takeover)."""
+    """Its id and the short lease (reconciliation every 5 s, as in the rest of the suite: also
+    while gangs are being launched, whose ACCEPTs it must not overtake)."""
     return [
         "--daemon-id",
         daemon_id,
@@ -66,7 +63,7 @@ def daemon_args(daemon_id: str) -> list[str]:
         "--leader-lease-renew-seconds",
         str(RENEW),
         "--reconcile-interval-seconds",
-        "300",
+        "5",
     ]
 
 
