@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon import wait_for
 from images_support import IMAGE_PATH, RELEASE, write_test_images
 from minicluster_support import (  # noqa: F401 (fixtures)
     EXECUTOR,
@@ -365,13 +366,16 @@ def test_a_containerized_task_is_killed_with_term_then_kill(
 ) -> None:
     mc = make_minicluster(agents=2, docker_registry=registry)
     sched = RawScheduler(mc.address).subscribe()
-    stubborn = image_task("stubborn", "base:1", "trap '' TERM; sleep 30", grace=0.5)
+    # "ready" once SIGTERM is ignored: a KILL before that (TASK_RUNNING comes as the shell
+    # starts) would find it polite, on a busy machine.
+    stubborn = image_task("stubborn", "base:1", "trap '' TERM; echo ready; sleep 30", grace=0.5)
     polite = image_task("polite", "base:1", "sleep 30", grace=30)
     sched.launch_group(sched.offer("agent-0"), [stubborn])
     sched.launch_group(sched.offer("agent-1"), [polite])
     for task_id in ("stubborn", "polite"):
         for state in ("TASK_STARTING", "TASK_RUNNING"):
             sched.ack(sched.update(task_id, state, timeout=30))
+    wait_for(lambda: _stdout(mc, "stubborn") == "ready\n", 30, "the stubborn task's trap")
     sched.ok("KILL", {"task_id": {"value": "polite"}})
     sched.ok("KILL", {"task_id": {"value": "stubborn"}})
     polite_end = sched.update("polite")
