@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -342,3 +343,26 @@ def test_a_generation_s_layout_wins_over_the_variables_of_the_launch() -> None:
         2, 2, 3, 0, 1,
     )  # fmt: skip
     assert GangEnv.from_env(launched).cross_size == 2  # without them, the variables
+
+
+def test_a_signal_another_thread_receives_is_handled_while_watching() -> None:
+    # A SIGTERM the kernel hands to one of the runtime's threads must still drain the worker
+    # that waits in watch() (its handler runs on the main thread, between slices of the wait).
+    with RendezvousServer("secret", 1, 2, expect=1) as server:
+        c = client(server, "a")
+        assert c.join("127.0.0.1:1").generation == 1
+        parked = threading.Event()
+        other = threading.Thread(target=parked.wait, daemon=True)
+        other.start()
+        previous = signal.signal(signal.SIGUSR1, lambda *_: c.request_drain("SIGUSR1"))
+        try:
+            assert other.ident is not None
+            timer = threading.Timer(0.2, signal.pthread_kill, (other.ident, signal.SIGUSR1))
+            timer.start()
+            began = time.monotonic()
+            assert c.watch(1, timeout=20.0)
+            assert time.monotonic() - began < 10.0
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+            parked.set()
+            c.close()

@@ -398,6 +398,10 @@ class RendezvousServer:
             self._emit(lambda: callback(formed))
 
 
+# The longest a wait of the main thread goes without running Python (see RendezvousClient.watch).
+SIGNAL_SLICE_SECONDS = 0.1
+
+
 class RendezvousClient:
     """One worker's session with the endpoint; a reader thread takes the endpoint's pushes."""
 
@@ -484,11 +488,21 @@ class RendezvousClient:
             return self._gone or self._closed_gen >= generation
 
     def watch(self, generation: int, timeout: float | None = None) -> bool:
-        """Waits until ``generation`` ends; False if ``timeout`` passed first."""
+        """Waits until ``generation`` ends; False if ``timeout`` passed first.
+
+        Waits in slices of :data:`SIGNAL_SLICE_SECONDS`: a signal the kernel hands to another
+        thread (the runtime's) does not wake the main thread's wait, and its Python handler (a
+        SIGTERM's: drain this worker) runs only once the main thread runs Python again."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            return self._cond.wait_for(
-                lambda: self._gone or self._closed_gen >= generation, timeout
-            )
+            while not (self._gone or self._closed_gen >= generation):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(
+                    SIGNAL_SLICE_SECONDS if left is None else min(left, SIGNAL_SLICE_SECONDS)
+                )
+            return True
 
     def report_failure(self, generation: int, reason: str, steps_lost: int = 0) -> None:
         """Tells the endpoint that ``generation`` failed here (e.g. a peer died) and that the
