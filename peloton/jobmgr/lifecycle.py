@@ -205,6 +205,7 @@ class Lifecycle(Part):
             message=message,
             goal=Goal.RUN,
             instances=ids,
+            counted={TaskState.PENDING: len(ids)},
         )
         work.derive()
         if work.state == JobState.PENDING:

@@ -125,9 +125,11 @@ class UnitOfWork:
         message: str,
         goal: Goal,
         instances: Sequence[int] | None = None,
+        counted: Mapping[TaskState, int] | None = None,
     ) -> None:
         """Move the job's tasks in ``sources`` (and ``instances``, if given) to ``to``, checked
-        against the state table and counted."""
+        against the state table and counted (``counted``: how many there are in each state, if
+        the caller read them under the lock)."""
         moved = repo.bulk_transition(
             self.session,
             self.job_id,
@@ -139,6 +141,7 @@ class UnitOfWork:
             goal=goal,
             ended=to in TASK_TERMINAL,
             instances=instances,
+            counted=counted,
         )
         shift(self.counts, moved, to)
 

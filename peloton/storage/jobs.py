@@ -59,11 +59,6 @@ from peloton.storage.models import (
 )
 from peloton.v1 import job_pb2
 
-# A new job with up to this many tasks sends its task rows; a bigger one has the database make
-# them with one INSERT ... SELECT over a generated series (no per-row work in Python, no huge
-# statements: 100,000 tasks in about a second instead of several).
-_TASK_ROWS_SENT = 100
-
 # The mapped tables, for Core INSERTs: the same SQL as the ORM bulk path with less overhead.
 _JOBS = JobRow.metadata.tables[JobRow.__tablename__]
 _LABELS = JobLabelRow.metadata.tables[JobLabelRow.__tablename__]
@@ -338,11 +333,10 @@ def _task_row(job_id: str, instance_id: int, state: TaskState, now: datetime) ->
 def _insert_tasks(
     session: Session, job_id: str, instances: int, state: TaskState, now: datetime
 ) -> None:
-    """One new task row per instance id 0..instances-1 (the same rows on either path)."""
+    """One new task row per instance id 0..instances-1, made by the database with one INSERT ...
+    SELECT over a generated series: no per-row work in the interpreter (sent rows cost it
+    ~40 us each, a third of CreateJob), no huge statements (100,000 tasks in about a second)."""
     table = _TASKS
-    if instances <= _TASK_ROWS_SENT:
-        session.execute(insert(table), [_task_row(job_id, i, state, now) for i in range(instances)])
-        return
     values = _task_row(job_id, 0, state, now)
     del values["instance_id"]  # made by the database below
     # WITH RECURSIVE: portable to SQLite, which has no generate_series.
@@ -884,13 +878,16 @@ def _moving(
     job_id: str,
     from_states: Iterable[TaskState],
     instances: Sequence[int] | None,
+    counted: Mapping[TaskState, int] | None = None,
 ) -> tuple[Any, dict[TaskState, int]]:
     """The condition selecting a job's tasks in ``from_states`` (and, if given, in
-    ``instances``), and how many tasks it selects in each state."""
+    ``instances``), and how many tasks it selects in each state (``counted``, if given)."""
     sources = sorted(s.value for s in from_states)
     where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
     if instances is not None:
         where = and_(where, TaskRow.instance_id.in_(list(instances)))
+    if counted is not None:
+        return where, {s: n for s, n in counted.items() if n}
     return where, _moved_by_state(session, where)
 
 
@@ -906,14 +903,16 @@ def bulk_transition(
     goal: Goal,
     ended: bool,
     instances: Sequence[int] | None = None,
+    counted: Mapping[TaskState, int] | None = None,
 ) -> dict[TaskState, int]:
     """Move every task of a job in ``from_states`` (and, if given, in ``instances``) to
-    ``to_state``, with one event per task.
+    ``to_state``, with one event per task. ``counted``: how many of the tasks moved are in each
+    state, if the caller knows (it read them under the lock), else they are counted here.
 
     Returns how many tasks left each state. The caller holds the job lock, so the set of tasks
     cannot change between the statements.
     """
-    where, moved = _moving(session, job_id, from_states, instances)
+    where, moved = _moving(session, job_id, from_states, instances, counted)
     if not moved:
         return moved
     message, message_id = _message_of_many(session, job_id, message, moved)
