@@ -1135,3 +1135,66 @@ def test_hundred_thousand_tasks(manager: JobManager, killer: RecordingKiller, db
     assert row_counts(db, job.id)["job_events"] == 0
     with pytest.raises(NotFound):
         manager.get_job(job.id)
+
+
+def test_a_cycle_s_gangs_are_admitted_together_each_task_with_its_event(
+    manager: JobManager, db: Database
+) -> None:
+    """One admit_pending call for many gangs (the resource manager's cycle) shares its
+    statements; each gang still moves its job's lowest PENDING tasks, a job's second gang the
+    next ones, and a gang of a job gone, killed or short of tasks moves nothing."""
+    two_gangs = manager.create_job(make_spec(5))[0].id
+    whole = manager.create_job(make_spec(3))[0].id
+    single = manager.create_job(make_spec(1))[0].id
+    killed = manager.create_job(make_spec(2))[0].id
+    manager.kill_job(killed)
+    deleted = manager.create_job(make_spec(1))[0].id
+    manager.kill_job(deleted)
+    manager.delete_job(deleted)
+    short = manager.create_job(make_spec(2))[0].id
+    versions = {j: manager.get_job(j).version for j in (two_gangs, whole, single, short)}
+    gangs = [
+        (two_gangs, 2, "first gang"),
+        (whole, 3, "whole job"),
+        (killed, 2, "killed meanwhile"),
+        (two_gangs, 2, "second gang"),
+        (deleted, 1, "deleted meanwhile"),
+        (single, 1, "alone"),
+        (short, 3, "too many"),
+    ]
+    assert manager.admit_pending(gangs) == [(0, 1), (0, 1, 2), (), (2, 3), (), (0,), ()]
+
+    ready = {TaskState.READY}
+    assert manager.instances(two_gangs, ready) == (0, 1, 2, 3)
+    assert manager.instances(two_gangs, {TaskState.PENDING}) == (4,)
+    assert manager.instances(whole, ready) == (0, 1, 2)
+    assert manager.instances(short, ready) == ()
+    for job_id, message in ((two_gangs, "second gang"), (whole, "whole job"), (single, "alone")):
+        job = manager.get_job(job_id)
+        assert (job.state, job.reason, job.message) == (JobState.PENDING, "admitted", message)
+        assert job.version == versions[job_id] + 1
+    assert manager.get_job(short).version == versions[short]
+    # Each admitted task: one event from PENDING with the gang's message (a shared message
+    # reads as the text), and the task holds it too.
+    for job_id, gang_messages in (
+        (two_gangs, {0: "first gang", 1: "first gang", 2: "second gang", 3: "second gang"}),
+        (whole, dict.fromkeys(range(3), "whole job")),
+        (single, {0: "alone"}),
+    ):
+        for instance, message in gang_messages.items():
+            task, events = manager.get_task(job_id, instance)
+            assert (task.current.state, task.current.reason, task.current.message) == (
+                TaskState.READY,
+                "admitted",
+                message,
+            )
+            admitted = [e for e in events if e.to_state == TaskState.READY.value]
+            assert [(e.from_state, e.reason, e.message, e.attempt_id) for e in admitted] == [
+                ("PENDING", "admitted", message, f"{job_id}-{instance}-1")
+            ]
+    for job_id, size in ((two_gangs, 5), (whole, 3), (single, 1), (short, 2)):
+        job = manager.get_job(job_id)
+        tasks, _ = manager.list_tasks(job_id)
+        assert dict(job.task_counts) == dict(Counter(t.state for t in tasks))
+        for instance in range(size):
+            assert task_event_chain_problems(task_events(manager, job_id, instance)) == []

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from peloton.core import spec as specs
-from peloton.core.records import JobRecord
+from peloton.core.records import JobRecord, attempt_id
 from peloton.core.states import (
     JOB_TERMINAL,
     TASK_ACTIVE,
@@ -19,7 +19,7 @@ from peloton.core.states import (
     TaskState,
 )
 from peloton.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from peloton.jobmgr.work import Part, UnitOfWork
+from peloton.jobmgr.work import Part, UnitOfWork, shift
 from peloton.storage import jobs as repo
 from peloton.v1 import job_pb2
 
@@ -32,6 +32,8 @@ PREEMPTED = "preempted"
 MAX_RUNTIME = "max_runtime_exceeded"
 # Reason of tasks no set of the cluster's hosts could ever hold.
 UNPLACEABLE = "unplaceable"
+# Reason of an admitted gang's tasks and of its job while it waits for placement.
+ADMITTED = "admitted"
 # Reason of the job event of an elastic gang's new generation.
 RESIZED = "resized"
 
@@ -182,35 +184,20 @@ class Lifecycle(Part):
         """Admit gangs, each ``(job_id, count, message)``: move the ``count`` lowest PENDING
         instances of the job to READY, all or none, in one transaction for all of them. Returns
         each gang's instance ids, in order (empty for a job that no longer has that many PENDING
-        tasks, e.g. it was killed meanwhile)."""
-        admitted: list[tuple[int, ...]] = []
+        tasks, e.g. it was killed or deleted meanwhile).
+
+        A cycle's gangs share the statements (the jobs locked and their PENDING tasks read in
+        one each, then one per kind of change): statements per gang made an admission wait on
+        the database, and on the interpreter after each answer, for seconds under load."""
         with self._ctx.db.writing() as session:
             self._ctx.fenced(session)
-            for job_id, count, message in gangs:
-                admitted.append(self._admit(self._ctx.lock(session, job_id), count, message))
+            works = self._ctx.lock_many(session, (job_id for job_id, _, _ in gangs))
+            pending = repo.tasks_in(session, works, TaskState.PENDING)
+            chosen = [_take(works.get(j), pending.get(j, []), n) for j, n, _ in gangs]
+            _admit(session, works, [(j, m) for j, _, m in gangs], chosen)
         for job_id in dict.fromkeys(job_id for job_id, _, _ in gangs):
             self._ctx.after_commit(job_id)
-        return admitted
-
-    @staticmethod
-    def _admit(work: UnitOfWork, count: int, message: str) -> tuple[int, ...]:
-        ids = repo.instances_in(work.session, work.job_id, {TaskState.PENDING}, limit=count)
-        if work.goal == Goal.KILL or len(ids) < count:
-            return ()
-        reason = "admitted"
-        work.move(
-            {TaskState.PENDING},
-            TaskState.READY,
-            reason=reason,
-            message=message,
-            goal=Goal.RUN,
-            instances=ids,
-            counted={TaskState.PENDING: len(ids)},
-        )
-        work.derive()
-        if work.state == JobState.PENDING:
-            work.update(reason=reason, message=message, updated_at=work.now)
-        return ids
+        return [tuple(instance for instance, _, _ in tasks) for tasks in chosen]
 
     def set_pending_reason(self, job_id: str, reason: str, message: str) -> None:
         """Say why a PENDING job waits (GetJob shows it); no-op for other states."""
@@ -362,3 +349,71 @@ class Lifecycle(Part):
 def _highest(instances: Sequence[int], count: int) -> tuple[int, ...]:
     """The ``count`` highest of ``instances``."""
     return tuple(sorted(instances)[::-1][: max(0, count)])
+
+
+def _take(
+    work: UnitOfWork | None, pending: list[tuple[int, int, str]], count: int
+) -> list[tuple[int, int, str]]:
+    """A gang's ``count`` lowest PENDING tasks, taken from the job's ``pending`` (a job's next
+    gang gets the next ones); none if the job is gone, killed or has fewer."""
+    if work is None or work.goal == Goal.KILL or len(pending) < count:
+        return []
+    taken = pending[:count]
+    del pending[:count]
+    return taken
+
+
+def _admit(
+    session: repo.Tx,
+    works: Mapping[str, UnitOfWork],
+    gangs: Sequence[tuple[str, str]],
+    chosen: Sequence[Sequence[tuple[int, int, str]]],
+) -> None:
+    """PENDING -> READY for the ``chosen`` tasks of each gang, ``(job_id, message)``, with an
+    event each and the jobs' counts, reasons and versions."""
+    moving = [(j, m, tasks) for (j, m), tasks in zip(gangs, chosen, strict=True) if tasks]
+    # A message that several tasks get is stored once, as a bulk move stores it.
+    shared = iter(repo.shared_messages(session, [(j, m) for j, m, t in moving if _shares(m, t)]))
+    events: list[dict[str, object]] = []
+    for job_id, message, tasks in moving:
+        work = works[job_id]
+        message_id = next(shared) if _shares(message, tasks) else None
+        own = "" if message_id is not None else message
+        repo.change_tasks(
+            session,
+            ((job_id, instance) for instance, _, _ in tasks),
+            state=TaskState.READY.value,
+            goal=Goal.RUN.value,
+            reason=ADMITTED,
+            message=own,
+            message_id=message_id,
+            updated_at=work.now,
+        )
+        events.extend(
+            {
+                "job_id": job_id,
+                "instance_id": instance,
+                "time": work.now,
+                "from_state": TaskState.PENDING.value,
+                "to_state": TaskState.READY.value,
+                "reason": ADMITTED,
+                "message": own,
+                "message_id": message_id,
+                "host": host,
+                "attempt_id": attempt_id(job_id, instance, attempt),
+            }
+            for instance, attempt, host in tasks
+        )
+        shift(work.counts, {TaskState.PENDING: len(tasks)}, TaskState.READY)
+    repo.insert_events(session, events)
+    last = {job_id: message for job_id, message, _ in moving}
+    for job_id, message in last.items():
+        work = works[job_id]
+        work.derive()
+        if work.state == JobState.PENDING:
+            # Written with the commit, every job's row in one statement.
+            work.update(flush=False, reason=ADMITTED, message=message, updated_at=work.now)
+
+
+def _shares(message: str, tasks: Sequence[object]) -> bool:
+    return bool(message) and len(tasks) > 1

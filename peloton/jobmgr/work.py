@@ -125,11 +125,9 @@ class UnitOfWork:
         message: str,
         goal: Goal,
         instances: Sequence[int] | None = None,
-        counted: Mapping[TaskState, int] | None = None,
     ) -> None:
         """Move the job's tasks in ``sources`` (and ``instances``, if given) to ``to``, checked
-        against the state table and counted (``counted``: how many there are in each state, if
-        the caller read them under the lock)."""
+        against the state table and counted."""
         moved = repo.bulk_transition(
             self.session,
             self.job_id,
@@ -141,7 +139,6 @@ class UnitOfWork:
             goal=goal,
             ended=to in TASK_TERMINAL,
             instances=instances,
-            counted=counted,
         )
         shift(self.counts, moved, to)
 
@@ -197,9 +194,10 @@ class UnitOfWork:
         """Change the job row without a new version (not a change of its state or spec)."""
         repo.note_job(self.row, **values)
 
-    def update(self, **values: object) -> None:
-        """Change the job row with a new version."""
-        repo.update_job(self.session, self.row, **values)
+    def update(self, *, flush: bool = True, **values: object) -> None:
+        """Change the job row with a new version (``flush=False``: written with the next
+        flush, with other jobs')."""
+        repo.update_job(self.session, self.row, flush=flush, **values)
 
     def derive(self, *, goal: Goal | None = None, reason: str = "", message: str = "") -> None:
         """Store the job's new task counts, derive its state from them, and write the state
@@ -296,6 +294,14 @@ class Context:
         if row is None:
             raise NotFound(f"job {job_id} not found")
         return UnitOfWork(session, row, self.clock())
+
+    def lock_many(self, session: repo.Tx, job_ids: Iterable[str]) -> dict[str, UnitOfWork]:
+        """Lock jobs in an open write transaction, in one statement; a job that does not exist
+        is left out."""
+        now = self.clock()
+        return {
+            i: UnitOfWork(session, row, now) for i, row in repo.lock_jobs(session, job_ids).items()
+        }
 
     def after_commit(self, job_id: str, to_kill: Sequence[str] = (), grace: int = 0) -> None:
         """Tell who must know that ``job_id`` changed; stop ``to_kill`` within ``grace``."""

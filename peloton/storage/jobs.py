@@ -213,6 +213,20 @@ def shared_message(session: Session, job_id: str, text: str) -> int:
     return stored[key]
 
 
+def shared_messages(session: Session, messages: Sequence[tuple[str, str]]) -> list[int]:
+    """:func:`shared_message` for several ``(job_id, text)`` at once: those not stored yet in
+    this transaction go in with one statement."""
+    stored: dict[tuple[str, str], int] = session.info.setdefault(_SHARED_MESSAGES, {})
+    new = list(dict.fromkeys(m for m in messages if m not in stored))
+    if new:
+        ids = session.scalars(
+            insert(_MESSAGES).returning(_MESSAGES.c.id, sort_by_parameter_order=True),
+            [{"job_id": job_id, "text": text} for job_id, text in new],
+        )
+        stored.update(zip(new, (int(i) for i in ids), strict=True))
+    return [stored[m] for m in messages]
+
+
 def message_texts(session: Session, ids: Iterable[int | None]) -> dict[int, str]:
     """The texts of the shared messages of ``ids`` (None: a row with its own message), in one
     query per thousand distinct ids: a page of tasks or events names a few."""
@@ -360,9 +374,53 @@ def lock_job(session: Session, job_id: str) -> JobRow | None:
     return session.scalar(_LOCK_JOB, {"job_id": job_id})
 
 
+def lock_jobs(session: Session, job_ids: Iterable[str]) -> dict[str, JobRow]:
+    """:func:`lock_job` for several jobs in one statement (locked in id order, as every writer
+    of several jobs does: no deadlock); a job that does not exist is left out."""
+    rows = session.scalars(_LOCK_JOBS, {"job_ids": sorted(set(job_ids))})
+    return {row.id: row for row in rows}
+
+
+def tasks_in(
+    session: Session, job_ids: Iterable[str], state: TaskState
+) -> dict[str, list[tuple[int, int, str]]]:
+    """``(instance id, attempt, host)`` of the jobs' tasks in ``state``, by job, lowest
+    instance id first."""
+    out: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    rows = session.execute(_TASKS_IN, {"job_ids": sorted(set(job_ids)), "state": state.value})
+    for job_id, instance_id, attempt, host in rows:
+        out[job_id].append((int(instance_id), int(attempt), host))
+    return out
+
+
+def change_tasks(session: Session, tasks: Iterable[tuple[str, int]], **values: Any) -> None:
+    """:func:`set_task` for tasks, ``(job_id, instance_id)``, this session has not loaded (a
+    loaded one would keep its old values): written with the session's next statement, each
+    changed set of columns in one statement."""
+    pending: dict[tuple[str, int], _TaskWrite] = session.info.setdefault(_TASK_WRITES, {})
+    for key in tasks:
+        write = pending.setdefault(key, _TaskWrite())
+        write.values.update(values)
+        write.bumps += 1
+
+
 # Statements run for every job change, built once: building and keying one costs more than
 # running it.
 _LOCK_JOB = select(JobRow).where(JobRow.id == bindparam("job_id")).with_for_update()
+_LOCK_JOBS = (
+    select(JobRow)
+    .where(JobRow.id.in_(bindparam("job_ids", expanding=True)))
+    .order_by(JobRow.id)
+    .with_for_update()
+)
+_TASKS_IN = (
+    select(TaskRow.job_id, TaskRow.instance_id, TaskRow.attempt, TaskRow.host)
+    .where(
+        TaskRow.job_id.in_(bindparam("job_ids", expanding=True)),
+        TaskRow.state == bindparam("state"),
+    )
+    .order_by(TaskRow.job_id, TaskRow.instance_id)
+)
 _TASK_ROWS = select(TaskRow).where(
     TaskRow.job_id == bindparam("job_id"),
     TaskRow.instance_id.in_(bindparam("instance_ids", expanding=True)),
@@ -399,12 +457,14 @@ def note_job(row: JobRow, **values: Any) -> None:
         setattr(row, key, value)
 
 
-def update_job(session: Session, row: JobRow, **values: Any) -> None:
-    """Change a locked job row and bump its version."""
+def update_job(session: Session, row: JobRow, *, flush: bool = True, **values: Any) -> None:
+    """Change a locked job row and bump its version; written at once, or with the session's
+    next flush (``flush=False``: several jobs' changes in one statement)."""
     for key, value in values.items():
         setattr(row, key, value)
     row.version += 1
-    session.flush()
+    if flush:
+        session.flush()
 
 
 def delete_job(session: Session, job_id: str) -> None:
@@ -878,16 +938,13 @@ def _moving(
     job_id: str,
     from_states: Iterable[TaskState],
     instances: Sequence[int] | None,
-    counted: Mapping[TaskState, int] | None = None,
 ) -> tuple[Any, dict[TaskState, int]]:
     """The condition selecting a job's tasks in ``from_states`` (and, if given, in
-    ``instances``), and how many tasks it selects in each state (``counted``, if given)."""
+    ``instances``), and how many tasks it selects in each state."""
     sources = sorted(s.value for s in from_states)
     where = and_(TaskRow.job_id == job_id, TaskRow.state.in_(sources))
     if instances is not None:
         where = and_(where, TaskRow.instance_id.in_(list(instances)))
-    if counted is not None:
-        return where, {s: n for s, n in counted.items() if n}
     return where, _moved_by_state(session, where)
 
 
@@ -903,16 +960,14 @@ def bulk_transition(
     goal: Goal,
     ended: bool,
     instances: Sequence[int] | None = None,
-    counted: Mapping[TaskState, int] | None = None,
 ) -> dict[TaskState, int]:
     """Move every task of a job in ``from_states`` (and, if given, in ``instances``) to
-    ``to_state``, with one event per task. ``counted``: how many of the tasks moved are in each
-    state, if the caller knows (it read them under the lock), else they are counted here.
+    ``to_state``, with one event per task.
 
     Returns how many tasks left each state. The caller holds the job lock, so the set of tasks
     cannot change between the statements.
     """
-    where, moved = _moving(session, job_id, from_states, instances, counted)
+    where, moved = _moving(session, job_id, from_states, instances)
     if not moved:
         return moved
     message, message_id = _message_of_many(session, job_id, message, moved)
