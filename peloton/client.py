@@ -14,8 +14,9 @@ Every method raises :class:`ClientError` (with the gRPC status code) when the se
 
 Several daemons (README "Several daemons"): give their addresses separated by commas
 (``"h1:5392,h2:5392"``). A call that fails UNAVAILABLE (the daemon is down or cannot be reached)
-is sent to the next address, each address at most once per call, and the client stays with the
-one that answered; any other status is raised as it is. ``create_job`` then sends a request id
+or DEADLINE_EXCEEDED (it did not answer within ``timeout``: frozen) is sent to the next address,
+each address at most once per call, and the client stays with the one that answered; any other
+status is raised as it is. ``create_job`` then sends a request id
 (one it makes up when the caller gave none), so a retry after a lost reply returns the job the
 first attempt created; ``restart_job``, which is not idempotent, moves on only when the daemon
 could not be connected to at all; ``watch_job`` resumes on the next daemon after the last event it
@@ -130,6 +131,11 @@ class _Daemon:
             pool_pb2_grpc.PoolServiceStub(channel),
             host_pb2_grpc.HostServiceStub(channel),
         )
+
+
+# A daemon that is gone (UNAVAILABLE) or does not answer within the call's timeout (frozen: a
+# stopped process, a stalled machine) is left for the next one.
+_FAILOVER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 def _unsent(error: ClientError) -> bool:
@@ -384,8 +390,9 @@ class PelotonClient:
         resend: bool = True,
     ) -> R:
         """``method`` of the daemon that answered last, then of the next ones in turn while the
-        call fails UNAVAILABLE (each daemon once); the last error is raised. ``resend`` false:
-        only while the daemon could not be connected to (the request never left)."""
+        call fails UNAVAILABLE or DEADLINE_EXCEEDED (each daemon once); the last error is
+        raised. ``resend`` false: only while the daemon could not be connected to (the request
+        never left)."""
         count = len(self._daemons)
         start = self._current
         for attempt in range(count):
@@ -394,7 +401,9 @@ class PelotonClient:
                 result = method(self._daemons[index])(request, timeout=self.timeout)
             except grpc.RpcError as exc:
                 error = _error(exc)
-                retry = error.code == grpc.StatusCode.UNAVAILABLE and (resend or _unsent(error))
+                retry = (resend and error.code in _FAILOVER) or (
+                    error.code == grpc.StatusCode.UNAVAILABLE and _unsent(error)
+                )
                 if not retry or attempt == count - 1:
                     raise error from None
                 continue

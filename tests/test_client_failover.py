@@ -125,17 +125,51 @@ class LosingFront(job_pb2_grpc.JobServiceServicer):
 
 
 @contextmanager
-def losing_front(upstream: str) -> Iterator[tuple[LosingFront, str]]:
-    front = LosingFront(upstream)
+def serving(servicer: job_pb2_grpc.JobServiceServicer) -> Iterator[str]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    job_pb2_grpc.add_JobServiceServicer_to_server(front, server)
+    job_pb2_grpc.add_JobServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        yield front, address(port)
+        yield address(port)
     finally:
         server.stop(grace=None)
+
+
+@contextmanager
+def losing_front(upstream: str) -> Iterator[tuple[LosingFront, str]]:
+    front = LosingFront(upstream)
+    try:
+        with serving(front) as where:
+            yield front, where
+    finally:
         front.close()
+
+
+class FrozenFront(job_pb2_grpc.JobServiceServicer):
+    """A daemon that takes calls and never answers (a stopped process keeps its socket: the
+    call is accepted, then nothing), until ``thaw``."""
+
+    def __init__(self) -> None:
+        self.thawed = threading.Event()
+        self.requests: list[object] = []
+
+    def _freeze(self, request: object, context: grpc.ServicerContext) -> None:
+        self.requests.append(request)
+        self.thawed.wait()
+        context.abort(UNAVAILABLE, "thawed after the test")
+
+    def GetJob(
+        self, request: job_pb2.GetJobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.GetJobResponse:
+        self._freeze(request, context)
+        raise AssertionError("unreachable: abort raises")
+
+    def RestartJob(
+        self, request: job_pb2.RestartJobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.RestartJobResponse:
+        self._freeze(request, context)
+        raise AssertionError("unreachable: abort raises")
 
 
 @pytest.fixture
@@ -392,3 +426,33 @@ def test_the_readme_failover_block_runs_as_written(db_url: str, tmp_path: Path) 
         assert job_id in listed, listed
     finally:
         close_all(procs)
+
+
+def test_a_frozen_daemon_is_left_for_the_next_after_the_call_s_timeout(real: Server) -> None:
+    real_address = address(real.grpc_port)
+    with PelotonClient(real_address, timeout=10) as direct:
+        job_id = direct.create_job(make_spec(1)).job_id
+    drive(real, job_id, [0], (*TO_RUNNING, TaskState.SUCCEEDED))
+    frozen = FrozenFront()
+    try:
+        with serving(frozen) as stuck:
+            with PelotonClient(f"{stuck},{real_address}", timeout=1) as client:
+                # A read: DEADLINE_EXCEEDED at the frozen one, then the next one's answer.
+                assert client.get_job(job_id).job_id == job_id
+                assert client.current == real_address
+            # A restart is not sent again where the first daemon may have done it.
+            with (
+                PelotonClient(f"{stuck},{real_address}", timeout=1) as client,
+                pytest.raises(ClientError) as late,
+            ):
+                client.restart_job(job_id)
+            assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert [type(r).__name__ for r in frozen.requests] == [
+                "GetJobRequest",
+                "RestartJobRequest",
+            ]
+    finally:
+        frozen.thawed.set()
+    with PelotonClient(real_address, timeout=10) as direct:
+        (task,) = direct.list_tasks(job_id).tasks
+        assert task.current.attempt == 1, task
