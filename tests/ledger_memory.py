@@ -450,7 +450,7 @@ class MemoryLedger:
             task.started_at = now
         if u.state in TASK_TERMINAL:
             task.ended_at = now
-            if u.state in _FAILURES and task.goal == Goal.RUN:
+            if u.state in _FAILURES and task.goal == Goal.RUN and restarts.counts(u.reason):
                 task.failures += 1
             if task.goal == Goal.RESTART:
                 self._new_attempt(task, now, *why)
@@ -477,7 +477,7 @@ class MemoryLedger:
         to_kill = self._stop_running(
             job, now, reason, plan.message, Goal.RESTART if restart else Goal.KILL
         )
-        job.gang_failures += 1
+        job.gang_failures += int(plan.counted)
         job.not_before = plan.not_before
         job.reason, job.message = reason, plan.message
         return to_kill

@@ -14,7 +14,7 @@ from support import TO_RUNNING, FakeClock, RecordingKiller, make_spec
 
 from peloton.core.records import TaskUpdate
 from peloton.core.resources import Resources
-from peloton.core.states import TASK_ACTIVE, Goal, JobState, TaskState
+from peloton.core.states import NOT_LAUNCHED, TASK_ACTIVE, Goal, JobState, TaskState
 from peloton.jobmgr import restarts
 from peloton.jobmgr.manager import MAX_RUNTIME, JobManager
 from peloton.storage.db import Database
@@ -117,6 +117,63 @@ def test_a_failure_lost_with_a_sibling_blames_the_task_that_failed(
     assert got.gang_failures == 1
     assert got.message.startswith("instance 1 failed (failed): exit 1")
     assert killer.killed == [f"{job.id}-2-1"]
+
+
+def _launching(manager: JobManager, n: int, **kw: int) -> str:
+    """A job of ``n`` tasks recorded LAUNCHING (their ACCEPT about to go out)."""
+    job, _ = manager.create_job(make_spec(n, **kw))
+    for i in range(n):
+        manager.update_tasks(job.id, [TaskUpdate(i, 1, s, host="h") for s in TO_RUNNING[:4]])
+    assert manager.get_task(job.id, n - 1)[0].state == T.LAUNCHING
+    return job.id
+
+
+def _never_reached(instance: int, attempt: int = 1) -> TaskUpdate:
+    return TaskUpdate(instance, attempt, T.LOST, NOT_LAUNCHED, "the master never heard of it")
+
+
+def test_a_gang_whose_launch_never_reached_mesos_restarts_at_once_counting_nothing(
+    manager: JobManager, killer: RecordingKiller, clock: FakeClock
+) -> None:
+    """The daemon that led recorded the launch and stopped before its ACCEPT went out: the
+    reconciliation of its successor finds the tasks unknown. With max_failures 0 and a minute
+    of backoff, a counted failure would fail the job."""
+    job_id = _launching(manager, 3, max_failures=0, backoff_seconds=60)
+    got = manager.update_tasks(job_id, [_never_reached(0)])
+    assert (got.state, got.gang_failures, got.not_before) == (J.RUNNING, 0, clock.now)
+    assert got.message.startswith("instance 0 lost (not_launched)")
+    assert "not counted as a failure; restarting the whole gang now" in got.message
+    assert sorted(killer.killed) == [f"{job_id}-1-1", f"{job_id}-2-1"]
+    # The siblings' ACCEPT was lost with it: found unknown too, they start again as well.
+    got = manager.update_tasks(job_id, [_never_reached(1), _never_reached(2)])
+    assert (got.state, got.gang_failures, got.not_before) == (J.PENDING, 0, clock.now)
+    tasks, _ = manager.list_tasks(job_id)
+    assert {(t.current.state, t.current.attempt, t.failures) for t in tasks} == {(T.PENDING, 2, 0)}
+
+
+def test_a_counted_failure_with_one_that_never_launched_is_a_gang_failure() -> None:
+    spec = make_spec(2, min_instances=2, max_failures=3, backoff_seconds=10)
+    now = FakeClock().now
+    lost = restarts.Failure(0, T.LOST, NOT_LAUNCHED, "")
+    failed = restarts.Failure(1, T.FAILED, "failed", "exit 1")
+    plan = restarts.plan(spec, 0, [lost, failed], {0: 0, 1: 1}, now)
+    assert (plan.action, plan.counted) == (restarts.Action.RESTART_GANG, True)
+    assert plan.not_before == now + timedelta(seconds=10)
+    alone = restarts.plan(spec, 3, [lost], {0: 0}, now)
+    assert (alone.action, alone.counted, alone.not_before) == (
+        restarts.Action.RESTART_GANG,
+        False,
+        now,
+    )
+
+
+def test_independent_tasks_that_never_launched_start_again_at_once(manager: JobManager) -> None:
+    job_id = _launching(manager, 2, min_instances=1, max_failures=0, backoff_seconds=60)
+    got = manager.update_tasks(job_id, [_never_reached(1)])
+    assert (got.state, got.gang_failures) == (J.RUNNING, 0)
+    task, _ = manager.get_task(job_id, 1)
+    assert (task.current.state, task.current.attempt, task.failures) == (T.PENDING, 2, 0)
+    assert manager.get_task(job_id, 0)[0].state == T.LAUNCHING
 
 
 def test_independent_tasks_restart_alone_each_within_its_own_limit(

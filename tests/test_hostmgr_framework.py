@@ -33,7 +33,7 @@ from peloton.core.gang import Gang
 from peloton.core.hosts import HostRecord
 from peloton.core.records import AttemptRecord, JobRecord, TaskUpdate, attempt_id
 from peloton.core.resources import Resources
-from peloton.core.states import JobState, TaskState
+from peloton.core.states import NOT_LAUNCHED, JobState, TaskState
 from peloton.errors import FailedPrecondition, InvalidArgument
 from peloton.hostmgr.framework import HostManager, MesosSettings
 from peloton.hostmgr.metrics import HostmgrMetrics
@@ -503,6 +503,58 @@ def test_reconciliation_asks_for_active_attempts_and_unknown_ones_become_lost(
         master.send({"type": "UPDATE", "update": {"status": status}})
         wait_for(lambda: jobs.get_task(job.id, 0)[0].state == TaskState.LOST, 10, "task LOST")
         assert jobs.get_job(job.id).state == JobState.FAILED
+    finally:
+        hm.stop()
+
+
+@pytest.mark.parametrize("launched_here", [False, True], ids=["by-a-predecessor", "by-this-daemon"])
+def test_a_launch_that_never_reached_the_master_counts_no_failure_unless_this_daemon_sent_it(
+    master: ScriptedMaster, db: Database, jobs: JobManager, launched_here: bool
+) -> None:
+    """An attempt recorded LAUNCHING by a daemon that stopped before its ACCEPT went out is
+    unknown to the master: it starts again at once, counting no failure (max_failures 0 would
+    fail the job). One this daemon launched itself, whose ACCEPT the master refused, is a
+    failure: a launch refused every time must not be retried for ever."""
+    job, _ = jobs.create_job(make_spec(1, max_failures=0, backoff_seconds=60))
+    jobs.admit_pending([(job.id, 1, "t")])
+    for state in (TaskState.PLACING, TaskState.PLACED, TaskState.LAUNCHING):
+        jobs.update_tasks(job.id, [TaskUpdate(0, 1, state, host="h1")])
+    task_id = attempt_id(job.id, 0, 1)
+    hm = make_hostmgr(master, db, jobs)
+    if launched_here:
+        hm.hosts.use(task_id, "a1", Resources(cpu=1, mem_mb=256, gpu=1))
+    hm.start()
+    try:
+        master.subscribed("fw-1")
+        status = {
+            "task_id": {"value": task_id},
+            "state": "TASK_UNKNOWN",
+            "reason": "REASON_RECONCILIATION",
+            "message": "Reconciliation: Task is unknown",
+            "source": "SOURCE_MASTER",
+        }
+        master.send({"type": "UPDATE", "update": {"status": status}})
+        wait_for(
+            lambda: (
+                jobs.get_task(job.id, 0)[0].current.attempt == 2
+                or jobs.get_job(job.id).state == JobState.FAILED
+            ),
+            10,
+            "a new attempt or the job failed",
+            state=lambda: jobs.get_job(job.id),
+        )
+        got, (task, _) = jobs.get_job(job.id), jobs.get_task(job.id, 0)
+        if launched_here:
+            assert (got.state, task.failures, task.current.reason) == (
+                JobState.FAILED,
+                1,
+                "unknown",
+            )
+        else:
+            assert (got.state, task.failures) == (JobState.PENDING, 0)
+            (ended,) = task.history
+            assert (ended.state, ended.reason) == (TaskState.LOST, NOT_LAUNCHED)
+            assert ended.message.startswith("its launch never reached the Mesos master")
     finally:
         hm.stop()
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from peloton.core.states import TASK_ACTIVE, TASK_TRANSITIONS, TaskState
-from peloton.hostmgr.states import MESOS_STATES, reason_of, to_peloton
+from peloton.hostmgr.states import MESOS_STATES, never_reached_mesos, reason_of, to_peloton
 
 T = TaskState
 
@@ -81,3 +81,21 @@ def test_a_missing_image_names_the_image() -> None:
     assert reason_of("TASK_FAILED", "REASON_CONTAINER_LAUNCH_FAILED", "Failed to mount")[0] == (
         "failed"
     )
+
+
+@pytest.mark.parametrize(
+    ("mesos", "reason", "current", "expected"),
+    [
+        ("TASK_UNKNOWN", "REASON_RECONCILIATION", T.LAUNCHING, True),  # partition-aware
+        ("TASK_LOST", "REASON_RECONCILIATION", T.LAUNCHING, True),
+        # The master had seen it: it reports it as it was, or it ran and was lost.
+        ("TASK_UNKNOWN", "REASON_RECONCILIATION", T.LAUNCHED, False),
+        ("TASK_UNKNOWN", "REASON_RECONCILIATION", T.RUNNING, False),
+        ("TASK_LOST", "REASON_AGENT_REMOVED", T.LAUNCHING, False),
+        ("TASK_DROPPED", "REASON_INVALID_OFFERS", T.LAUNCHING, False),
+    ],
+)
+def test_a_launch_never_reached_mesos_only_when_reconciliation_finds_a_launching_task_unknown(
+    mesos: str, reason: str, current: TaskState, expected: bool
+) -> None:
+    assert never_reached_mesos(mesos, reason, current) is expected

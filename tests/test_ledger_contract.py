@@ -15,7 +15,7 @@ from ledger_memory import MemoryLedger, counts
 from support import TO_RUNNING, FakeClock, RecordingKiller, make_spec
 
 from peloton.core.records import TaskUpdate
-from peloton.core.states import Goal, JobState, TaskState
+from peloton.core.states import NOT_LAUNCHED, Goal, JobState, TaskState
 from peloton.errors import FailedPrecondition, NotFound
 from peloton.jobmgr.manager import JobManager
 from peloton.storage.db import Database
@@ -189,6 +189,21 @@ def test_a_failed_gang_task_takes_the_rest_down_then_restarts_it_whole(s: Setup)
     job = s.ledger.get_job(job_id)
     assert (job.state, job.reason, job.goal) == (JobState.FAILED, "agent_lost", Goal.RUN)
     assert job.message.startswith("instance 0 lost (agent_lost)")
+
+
+def test_a_gang_whose_launch_never_reached_mesos_restarts_now_with_nothing_counted(
+    s: Setup,
+) -> None:
+    job_id = s.job(2, max_failures=0, backoff_seconds=60)
+    s.ledger.admit_pending([(job_id, 2, "in")])
+    for state in TO_RUNNING[1:4]:  # PLACING, PLACED, LAUNCHING
+        s.ledger.update_tasks(job_id, [TaskUpdate(i, 1, state) for i in range(2)])
+    lost = [TaskUpdate(i, 1, T.LOST, NOT_LAUNCHED, "unknown to the master") for i in range(2)]
+    got = s.ledger.update_tasks(job_id, lost)
+    assert (got.state, got.gang_failures, counts(got)) == (JobState.PENDING, 0, {"PENDING": 2})
+    assert got.not_before is not None
+    assert s.ledger.attempts(job_id, {T.PENDING}) == {0: 2, 1: 2}
+    assert s.killer.killed == []
 
 
 def test_reads_of_jobs_that_do_not_exist(s: Setup) -> None:

@@ -61,6 +61,10 @@ TASK_ACTIVE: frozenset[TaskState] = frozenset(
     {T.LAUNCHING, T.LAUNCHED, T.STARTING, T.RUNNING, T.PREEMPTING, T.KILLING}
 )
 _ENDINGS = {T.SUCCEEDED, T.FAILED, T.LOST, T.KILLING, T.KILLED}
+# Reason of an attempt ended LOST because its launch never reached Mesos (the daemon that led
+# stopped between recording the launch and sending it): the task never ran, so its end counts
+# as no failure of the task or its gang, and its new attempt waits for no backoff.
+NOT_LAUNCHED = "not_launched"
 
 TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
     T.INITIALIZED: frozenset({T.PENDING, T.KILLED, T.FAILED}),

@@ -32,7 +32,7 @@ from peloton.core.ledger import HostLedger
 from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError, Offer, executor_id
 from peloton.core.records import AttemptRecord, TaskUpdate, parse_attempt_id
 from peloton.core.resources import EXECUTOR_RESOURCES, ZERO, Resources
-from peloton.core.states import TASK_ACTIVE, TASK_TERMINAL, TaskState
+from peloton.core.states import NOT_LAUNCHED, TASK_ACTIVE, TASK_TERMINAL, TaskState
 from peloton.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from peloton.hostmgr import states as mesos_states
 from peloton.hostmgr.calls import Acknowledger, Pipes, Stream, accept_body
@@ -794,6 +794,15 @@ class HostManager:
         reason, message = mesos_states.reason_of(
             state, status.get("reason", ""), status.get("message", "")
         )
+        if mesos_states.never_reached_mesos(state, status.get("reason", ""), current_state) and (
+            self.hosts.host_of(task_id) == ""
+        ):
+            # Recorded by a daemon that led before this one and stopped before its ACCEPT went
+            # out (this daemon counts what it launched itself). One of this daemon's own, whose
+            # ACCEPT the master refused, stays a failure: a launch refused every time must not
+            # be retried for ever.
+            reason = NOT_LAUNCHED
+            message = f"its launch never reached the Mesos master ({message})"
         # The agent and executor as Mesos reports them: they fill in the record of an attempt
         # launched before peloton recorded them at launch.
         update = TaskUpdate(

@@ -74,6 +74,18 @@ def reason_of(mesos_state: str, mesos_reason: str, message: str) -> tuple[str, s
     return mesos_state.removeprefix("TASK_").lower(), detail
 
 
+def never_reached_mesos(mesos_state: str, mesos_reason: str, current: TaskState) -> bool:
+    """Whether an update says the master never received the attempt's launch: reconciliation
+    finds it unknown (TASK_UNKNOWN to a partition-aware framework, TASK_LOST otherwise) while
+    peloton has it LAUNCHING, the state recorded before the ACCEPT is sent. Any task the master
+    had seen it would report in its last known state instead."""
+    return (
+        current == TaskState.LAUNCHING
+        and mesos_state in ("TASK_UNKNOWN", "TASK_LOST")
+        and mesos_reason == "REASON_RECONCILIATION"
+    )
+
+
 IMAGE_NOT_FOUND = "image_not_found"
 # What a Mesos agent's local docker puller (--docker_registry DIR) says of an image it lacks: a
 # task group's default executor reports it with no reason, a command task's agent with

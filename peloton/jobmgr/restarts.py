@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from peloton.core.spec import is_elastic, is_gang
-from peloton.core.states import TaskState
+from peloton.core.states import NOT_LAUNCHED, TaskState
 from peloton.v1 import job_pb2
 
 # The job's reason while its gang restarts, and a task's reason for its new attempt.
@@ -46,9 +46,20 @@ class Failure:
     reason: str
     message: str
 
+    @property
+    def counted(self) -> bool:
+        """Whether it counts toward ``restart.max_failures`` (see :func:`counts`)."""
+        return counts(self.reason)
+
     def describe(self) -> str:
         detail = f": {self.message}" if self.message else ""
         return f"instance {self.instance_id} {self.state.value.lower()} ({self.reason}){detail}"
+
+
+def counts(reason: str) -> bool:
+    """Whether an attempt that ended with ``reason`` failed: one whose launch never reached
+    Mesos never ran, and counts as no failure of its task or gang."""
+    return reason != NOT_LAUNCHED
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,8 @@ class Plan:
     restart: tuple[int, ...] = ()
     # New attempts wait until then; None: no restart.
     not_before: datetime | None = None
+    # Whether the gang's failure count goes up (RESTART_GANG, FAIL_GANG).
+    counted: bool = True
 
 
 def cause_of(failures: Sequence[Failure]) -> Failure:
@@ -81,6 +94,8 @@ def plan(
     ``gang_failures`` times before; ``task_failures`` counts each failed task's failures,
     these included; ``running``: the job's tasks still running after them (elastic gangs)."""
     cause = cause_of(failures)
+    if not any(f.counted for f in failures):
+        return _relaunch(spec, cause, failures, now, running)
     limit = spec.restart.max_failures
     backoff = spec.restart.backoff_seconds
     after = now + timedelta(seconds=backoff)
@@ -119,6 +134,27 @@ def plan(
         restart=restart,
         not_before=after if restart else None,
     )
+
+
+def _relaunch(
+    spec: job_pb2.JobSpec,
+    cause: Failure,
+    failures: Sequence[Failure],
+    now: datetime,
+    running: int,
+) -> Plan:
+    """:func:`plan` for attempts that never ran (their launch never reached Mesos): they start
+    again at once, as they would after a failure, but nothing is counted and nobody waits."""
+    why = f"{cause.describe()}; not counted as a failure"
+    instances = tuple(sorted(f.instance_id for f in failures))
+    if is_elastic(spec) and running >= spec.gang.min_instances:
+        message = f"{why}; the elastic gang goes on with {running} tasks, they may rejoin now"
+        return Plan(Action.SHRINK, cause, message, restart=instances, not_before=now)
+    if is_gang(spec):
+        message = f"{why}; restarting the whole gang now"
+        return Plan(Action.RESTART_GANG, cause, message, not_before=now, counted=False)
+    message = f"{why}; restarting {len(instances)} tasks now"
+    return Plan(Action.RESTART_TASKS, cause, message, restart=instances, not_before=now)
 
 
 def _within(

@@ -150,7 +150,7 @@ def _after_failures(work: UnitOfWork, plan: restarts.Plan) -> list[str]:
     # Not a change of the job's state (that comes with its event when derived): the version
     # stays.
     work.note(
-        gang_failures=work.row.gang_failures + 1,
+        gang_failures=work.row.gang_failures + int(plan.counted),
         not_before=plan.not_before,
         reason=reason,
         message=plan.message,
@@ -193,7 +193,7 @@ def _apply(work: UnitOfWork, task: TaskRow, u: TaskUpdate) -> list[dict[str, obj
         changes["started_at"] = now
     if u.state in TASK_TERMINAL:
         changes["ended_at"] = now
-        if u.state in FAILURES and task.goal == Goal.RUN:
+        if u.state in FAILURES and task.goal == Goal.RUN and restarts.counts(u.reason):
             changes["failures"] = task.failures + 1
     # Why it was being killed (preempted, restarted, its gang failed): its next attempt's
     # reason (a message shared by the gang's tasks stays shared).
