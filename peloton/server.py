@@ -138,8 +138,9 @@ class LeaderPoolService(PoolService):
 
 
 class LeaderHostService(HostService):
-    """Hosts drain only through the leader, whose host registry places tasks (a follower's is
-    what the database held when it started)."""
+    """Hosts drain only through the leader, whose host registry places tasks; a follower
+    answers reads from the database (its own registry is what the database held when it
+    started: Mesos tells only the leader)."""
 
     def __init__(
         self,
@@ -147,9 +148,25 @@ class LeaderHostService(HostService):
         jobs: JobManager,
         hostmgr: HostManager | None,
         leads: Callable[[], bool],
+        stored: Callable[[], HostRegistry],
     ) -> None:
         super().__init__(hosts, jobs, hostmgr)
         self._leads = leads
+        self._stored = stored
+
+    def ListHosts(
+        self, request: host_pb2.ListHostsRequest, context: grpc.ServicerContext
+    ) -> host_pb2.ListHostsResponse:
+        if self._leads():
+            return super().ListHosts(request, context)
+        return HostService(self._stored(), self._jobs).ListHosts(request, context)
+
+    def GetHost(
+        self, request: host_pb2.GetHostRequest, context: grpc.ServicerContext
+    ) -> host_pb2.GetHostResponse:
+        if self._leads():
+            return super().GetHost(request, context)
+        return HostService(self._stored(), self._jobs).GetHost(request, context)
 
     def DrainHost(
         self, request: host_pb2.DrainHostRequest, context: grpc.ServicerContext
@@ -248,7 +265,13 @@ class Server:
         pool_pb2_grpc.add_PoolServiceServicer_to_server(pools, server)
         assert self.hosts is not None
         hosts = (
-            LeaderHostService(self.hosts, self.jobs, self.hostmgr, self.leads)
+            LeaderHostService(
+                self.hosts,
+                self.jobs,
+                self.hostmgr,
+                self.leads,
+                lambda: HostRegistry.as_stored(SqlHostStore(db), lambda: datetime.now(UTC)),
+            )
             if self.config.daemon_id
             else HostService(self.hosts, self.jobs, self.hostmgr)
         )

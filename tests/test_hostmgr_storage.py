@@ -106,3 +106,24 @@ def test_active_attempts_are_the_launched_ones(db: Database) -> None:
     for state in (TaskState.PLACING, TaskState.PLACED, TaskState.LAUNCHING):
         jobs.update_tasks(job.id, [TaskUpdate(0, 1, state)])
     assert SqlHostStore(db).active_attempts(TASK_ACTIVE) == [attempt_id(job.id, 0, 1)]
+
+
+def test_what_launched_attempts_hold_is_read_from_the_database(db: Database) -> None:
+    """A follower's view of the hosts: each launched attempt's agent and the job's per-task
+    resources; attempts not launched yet (no agent) or ended hold nothing."""
+    jobs = JobManager(db)
+    job, _ = jobs.create_job(make_spec(3, gpu=2))
+    jobs.admit_pending([(job.id, 3, "test")])
+    for i in range(2):
+        for state in (TaskState.PLACING, TaskState.PLACED, TaskState.LAUNCHING):
+            jobs.update_tasks(job.id, [TaskUpdate(i, 1, state, host="h1", agent_id=f"a{i}")])
+    jobs.update_tasks(job.id, [TaskUpdate(1, 1, TaskState.FAILED)])
+    store = SqlHostStore(db)
+    per_task = Resources(cpu=1, mem_mb=256, gpu=2)
+    assert store.held(TASK_ACTIVE) == [(attempt_id(job.id, 0, 1), "a0", per_task)]
+    registry = HostRegistry(store, lambda: NOW)
+    record = registry.observe("h0", "a0", HOST, {}, "127.0.0.1:5051")
+    assert record is not None
+    registry.save([record])
+    (view,) = HostRegistry.as_stored(store, lambda: NOW).list()
+    assert (view.record.agent_id, view.used) == ("a0", per_task)

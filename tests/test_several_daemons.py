@@ -392,6 +392,22 @@ def test_only_the_leader_subscribes_and_jobs_sent_to_either_daemon_run(
         "the long job running",
         state=lambda: b.get_job(long),
     )
+
+    # A follower hears nothing from Mesos and answers host reads from the database: the
+    # agents the leader met after b started, and what the running job holds (the leader's view).
+    def hosts(client: PelotonClient) -> dict[str, tuple[str, float, float]]:
+        return {h.hostname: (h.state, h.used.gpu, h.total.gpu) for h in client.list_hosts()}
+
+    wait_for(
+        lambda: hosts(b) == hosts(clients["a"]),
+        TAKEOVER_SECONDS,
+        "the follower's hosts to be the leader's",
+        state=lambda: (hosts(b), hosts(clients["a"])),
+    )
+    assert sorted(hosts(b)) == ["agent-0", "agent-1"]
+    assert sum(used for _, used, _ in hosts(b).values()) == 1
+    (host,) = [name for name, (_, used, _) in hosts(b).items() if used]
+    assert b.get_host(host).used.gpu == 1
     b.kill_job(long)
     wait_for(
         lambda: b.get_job(long).state == job_pb2.JOB_STATE_KILLED,

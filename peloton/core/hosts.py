@@ -63,6 +63,11 @@ class HostStore(Protocol):
         """Mesos task ids of the current attempts of every task in ``states``."""
         ...
 
+    def held(self, states: Iterable[TaskState]) -> list[tuple[str, str, Resources]]:
+        """(Mesos task id, agent id, resources) of the current attempts in ``states`` that
+        were launched on an agent: what peloton's tasks hold on each host, as stored."""
+        ...
+
     def current_attempts(
         self, tasks: Iterable[tuple[str, int]]
     ) -> dict[tuple[str, int], tuple[int, TaskState, str]]:

@@ -21,6 +21,7 @@ from peloton.core.capacity import Lost, LostHost, recently_lost
 from peloton.core.hosts import HostRecord, HostState, HostStore, HostView
 from peloton.core.records import parse_attempt_id
 from peloton.core.resources import ZERO, Resources
+from peloton.core.states import TASK_ACTIVE
 from peloton.errors import FailedPrecondition, NotFound
 
 
@@ -44,6 +45,16 @@ class HostRegistry:
         self._usage = _Usage()
         self._total: Resources | None = None  # of the hosts not DOWN; None: to be summed
         self._superseded: list[str] = []  # agent ids whose records are to be deleted
+
+    @classmethod
+    def as_stored(cls, store: HostStore, clock: Callable[[], datetime]) -> HostRegistry:
+        """The hosts, and what peloton's tasks hold on them, as the database has them now: the
+        view of a daemon that does not hear from Mesos (a follower; its own registry is what
+        the database held when it started)."""
+        registry = cls(store, clock)
+        for attempt, agent_id, resources in store.held(TASK_ACTIVE):
+            registry.use(attempt, agent_id, resources)
+        return registry
 
     # ------------------------------------------------------------------ what Mesos tells
 

@@ -13,7 +13,8 @@ from peloton.core.records import attempt_id
 from peloton.core.resources import Resources
 from peloton.core.states import TaskState
 from peloton.storage.db import Database
-from peloton.storage.models import FrameworkRow, HostRow, TaskRow
+from peloton.storage.jobs import spec_from_bytes
+from peloton.storage.models import FrameworkRow, HostRow, JobRow, TaskRow
 
 _KEYS_PER_QUERY = 1000
 
@@ -99,6 +100,27 @@ class SqlHostStore:
                 )
             )
             return [attempt_id(j, i, a) for j, i, a in rows]
+
+    def held(self, states: Iterable[TaskState]) -> list[tuple[str, str, Resources]]:
+        with self._db.reading() as session:
+            rows = list(
+                session.execute(
+                    select(TaskRow.job_id, TaskRow.instance_id, TaskRow.attempt, TaskRow.agent_id)
+                    .where(TaskRow.state.in_([s.value for s in states]), TaskRow.agent_id != "")
+                    .order_by(TaskRow.job_id, TaskRow.instance_id)
+                )
+            )
+            jobs = sorted({job_id for job_id, _, _, _ in rows})
+            per_task: dict[str, Resources] = {}
+            for i in range(0, len(jobs), _KEYS_PER_QUERY):
+                chunk = jobs[i : i + _KEYS_PER_QUERY]
+                for job_id, spec in session.execute(
+                    select(JobRow.id, JobRow.spec).where(JobRow.id.in_(chunk))
+                ):
+                    per_task[job_id] = Resources.from_proto(spec_from_bytes(spec).task.resources)
+        return [
+            (attempt_id(j, i, a), agent, per_task[j]) for j, i, a, agent in rows if j in per_task
+        ]
 
     def current_attempts(
         self, tasks: Iterable[tuple[str, int]]
