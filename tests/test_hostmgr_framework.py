@@ -55,6 +55,9 @@ class ScriptedMaster:
         self.subscribes: list[dict[str, Any]] = []
         self._streams: list[queue.Queue[object]] = []
         self._lock = threading.Lock()
+        # Cleared: acknowledgements are recorded but not answered until it is set again.
+        self.answer_acks = threading.Event()
+        self.answer_acks.set()
         master = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -79,6 +82,8 @@ class ScriptedMaster:
                     return
                 with master._lock:
                     master.calls.append(call)
+                if call["type"] == "ACKNOWLEDGE":
+                    master.answer_acks.wait()
                 self.send_response(202)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -155,6 +160,7 @@ class ScriptedMaster:
         return uid
 
     def stop(self) -> None:
+        self.answer_acks.set()
         for stream in self._streams:
             stream.put(_CLOSE)
         self.http.shutdown()
@@ -477,6 +483,26 @@ def test_a_failed_task_takes_its_gang_down_on_every_host(
     wait_for(lambda: jobs.get_job(job.id).state == JobState.FAILED, 10, "job FAILED")
     assert jobs.get_task(job.id, 1)[0].state == TaskState.KILLED
     assert jobs.get_job(job.id).message.startswith("instance 0 failed")
+
+
+def test_updates_are_persisted_while_the_master_has_not_answered_their_acknowledgements(
+    master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager
+) -> None:
+    """A master slow to answer acknowledgements (a busy one) holds up no later update."""
+    job, _ = admitted_gang(master, hostmgr, jobs, make_spec(2, gpu=1))
+    for state in (TaskState.PLACING, TaskState.PLACED, TaskState.LAUNCHING):
+        jobs.update_tasks(job.id, [TaskUpdate(i, 1, state, host="h1") for i in range(2)])
+    master.answer_acks.clear()
+    first = master.update(attempt_id(job.id, 0, 1), "TASK_RUNNING")
+    master.wait_call("ACKNOWLEDGE", lambda c: c["acknowledge"]["uuid"] == first)
+    master.update(attempt_id(job.id, 1, 1), "TASK_RUNNING")
+    wait_for(
+        lambda: jobs.get_task(job.id, 1)[0].state == TaskState.RUNNING,
+        10,
+        "the second update persisted while the first acknowledgement waits",
+        state=lambda: jobs.list_tasks(job.id)[0],
+    )
+    master.answer_acks.set()
 
 
 def test_reconciliation_asks_for_active_attempts_and_unknown_ones_become_lost(

@@ -14,6 +14,7 @@ again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -66,11 +67,12 @@ class Pipe:
         return answers
 
     def _window(self, stream: Stream, bodies: Sequence[bytes]) -> list[tuple[int, bytes]]:
-        if self._sock is None or self._address != stream.master:
+        sock = self._sock
+        if sock is None or self._address != stream.master:
             self.close()
             host, port = stream.master.rsplit(":", 1)
-            self._sock = socket.create_connection((host, int(port)), timeout=self._timeout)
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = self._sock = socket.create_connection((host, int(port)), timeout=self._timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._address = stream.master
         head = (
             f"POST {PATH} HTTP/1.1\r\nHost: {stream.master}\r\n"
@@ -78,9 +80,7 @@ class Pipe:
             f"Mesos-Stream-Id: {stream.stream_id}\r\n"
             + "".join(f"{k}: {v}\r\n" for k, v in (stream.headers or {}).items())
         ).encode()
-        self._sock.sendall(
-            b"".join(head + b"Content-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies)
-        )
+        sock.sendall(b"".join(head + b"Content-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies))
         answers = []
         for _ in bodies:
             status, body, keep = self._response()
@@ -96,7 +96,6 @@ class Pipe:
         """(status, body, whether the connection stays open) of the next answer. Parsed from
         the received bytes directly: answers come by the thousand, and a buffered reader's
         line-by-line reading cost more than the rest of an acknowledgement."""
-        assert self._sock is not None
         while (end := self._buffer.find(b"\r\n\r\n")) < 0:
             self._receive()
         status, length, keep = _parse_head(bytes(self._buffer[:end]))
@@ -108,8 +107,10 @@ class Pipe:
         return status, body, keep
 
     def _receive(self) -> None:
-        assert self._sock is not None
-        data = self._sock.recv(65536)
+        sock = self._sock
+        if sock is None:
+            raise ValueError("the connection was closed")
+        data = sock.recv(65536)
         if not data:
             raise ValueError("the master closed the connection")
         if len(self._buffer) + len(data) > MAX_HEAD:
@@ -117,9 +118,12 @@ class Pipe:
         self._buffer += data
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-        self._sock = None
+        """Close the connection; a thread waiting on it (another's) wakes with an error."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
         self._buffer.clear()
 
 

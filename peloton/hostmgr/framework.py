@@ -162,6 +162,9 @@ class HostManager:
         self._offer_listeners: list[Callable[[], None]] = []
         self._pending: list[Mapping[str, Any]] = []
         self._acks = Acknowledger()
+        # Acknowledgements go out on a thread of their own: waiting for the master's answers
+        # to thousands of them held up the next batch of updates (seconds under load).
+        self._ack_sender = ThreadPoolExecutor(1, thread_name_prefix="hostmgr-ack")
         self._accepts = Pipes()  # the launch workers' ACCEPTs
         self._writers = ThreadPoolExecutor(writers, thread_name_prefix="hostmgr-write")
         self._drain_queued = False
@@ -187,6 +190,9 @@ class HostManager:
             driver.join()
         if self._worker is not None:
             self._worker.join(timeout=10)
+        # Acknowledgements not sent yet are dropped (Mesos sends those updates again), and one
+        # being sent is cut short by closing its connection.
+        self._ack_sender.shutdown(wait=False, cancel_futures=True)
         self._acks.close()
         self._accepts.close()
         self._writers.shutdown()
@@ -699,7 +705,7 @@ class HostManager:
     def _acknowledge(self, statuses: Sequence[Mapping[str, Any]]) -> None:
         stream = self._stream()
         if stream is not None and statuses:
-            self._acks.send(stream, self.framework_id, statuses)
+            self._ack_sender.submit(self._acks.send, stream, self.framework_id, statuses)
 
     def _stream(self) -> Stream | None:
         """Where calls of the current subscription go (None: not subscribed)."""
