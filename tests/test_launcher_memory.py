@@ -9,10 +9,12 @@ the gang READY; a gang whose tasks were taken back meanwhile is not launched.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
+from daemon import wait_for
 from ledger_memory import MemoryLedger
 from support import FakeClock, RecordingKiller, make_spec
 from test_hostmgr_framework import ListSource
@@ -189,3 +191,46 @@ def test_a_recorded_gang_reports_running_through_the_same_ledger(ledger: MemoryL
     assert (got.state, dict(got.task_counts)) == (JobState.RUNNING, {T.RUNNING: 2})
     hosts = {t.current.host for t in ledger.list_tasks(job.id)[0]}
     assert hosts == {"h1", "h2"}
+
+
+class SlowHosts(PoolHosts):
+    """Launches of the first job wait until ``go`` is set (a master slow to answer)."""
+
+    def __init__(self, hosts: int) -> None:
+        super().__init__(hosts)
+        self.go = threading.Event()
+        self.waiting = threading.Event()
+        self.slow_job = ""
+
+    def launch(self, shares: Sequence[tuple[Lease, Sequence[LaunchTask]]]) -> None:
+        if shares[0][1][0].task_id.startswith(self.slow_job):
+            self.waiting.set()
+            self.go.wait(30)
+        super().launch(shares)
+
+
+def test_a_slow_launch_holds_up_no_gang_admitted_after_it(ledger: MemoryLedger) -> None:
+    """The loop places the next gangs while earlier ones are still being launched (a round
+    waited for all of its launches before the next round took new gangs)."""
+    slow, slow_gang = admitted(ledger, make_spec(1, gpu=4))
+    hosts = SlowHosts(2)
+    hosts.slow_job = slow.id
+    source = ListSource([slow_gang])
+    launcher = Launcher(source, hosts, ledger, interval=0.05, workers=2)
+    launcher.start()
+    try:
+        assert hosts.waiting.wait(10), "the first launch never started"
+        fast, fast_gang = admitted(ledger, make_spec(1, gpu=4))
+        source.gangs.append(fast_gang)
+        launcher.wake()
+        wait_for(
+            lambda: bool(hosts.launched) and states(ledger, fast.id) == {T.LAUNCHING},
+            10,
+            "the gang admitted after the slow one launched",
+            state=lambda: (states(ledger, fast.id), hosts.launched),
+        )
+        assert states(ledger, slow.id) == {T.LAUNCHING} and len(hosts.launched) == 1
+    finally:
+        hosts.go.set()
+        launcher.stop()
+    assert len(hosts.launched) == 2 and source.returned == []

@@ -3,9 +3,11 @@
 A loop on its own thread, woken when offers arrive or the resource manager admits gangs (and
 once a second regardless). For each gang it takes: place every task (the placement engine, on
 one snapshot of the offer pool per round), lease every host it uses or none, record READY ->
-PLACING -> PLACED -> LAUNCHING (one transaction), and launch. Anything that fails before the
-launch releases the leases and hands the gang back to the resource manager with the reason,
-which becomes the job's pending reason.
+PLACING -> PLACED -> LAUNCHING (one transaction), and launch. The last two run on launch
+workers while the loop places the next gangs (at most IN_FLIGHT_PER_WORKER gangs per worker
+placed and not launched yet). Anything that fails before the launch releases the leases and
+hands the gang back to the resource manager with the reason, which becomes the job's pending
+reason.
 
 Every task starts knowing its gang (task discovery): ``PELOTON_RANK``, ``PELOTON_GANG_SIZE``,
 ``PELOTON_LOCAL_RANK``/``SIZE`` (among the gang's tasks on its host), ``PELOTON_CROSS_RANK``/
@@ -43,6 +45,10 @@ log = logging.getLogger(__name__)
 
 # Gangs taken from the resource manager per round.
 BATCH = 64
+# Gangs placed and waiting for or in a launch worker, per worker, at most: the loop places the
+# next gangs while earlier ones are recorded and launched (waits on the database and the
+# master) without leasing hosts far ahead of the launches.
+IN_FLIGHT_PER_WORKER = 2
 
 
 class Hosts(Protocol):
@@ -107,6 +113,7 @@ class Launcher:
         self._interval = interval
         self.metrics = metrics or PlacementMetrics()
         self._workers = ThreadPoolExecutor(workers, thread_name_prefix="launch")
+        self._slots = threading.BoundedSemaphore(workers * IN_FLIGHT_PER_WORKER)
         # Gangs found to fit the cluster's hosts when empty; forgotten when the hosts change
         # (their count or total), so a gang is judged once per cluster shape.
         self._feasible: set[str] = set()
@@ -137,64 +144,85 @@ class Launcher:
                 self._wake.wait(self._interval)
             self._wake.clear()
             try:
-                # A round that launched gangs may have left more behind (BATCH per round):
-                # run the next one at once rather than after the interval.
-                busy = self.run_once() > 0
+                # A round that placed gangs may have left more behind (BATCH per round): run the
+                # next one at once rather than after the interval, while those launch.
+                busy = len(self._round()) > 0
             except Exception:
                 busy = False
                 log.exception("launcher round failed")
 
     def run_once(self) -> int:
-        """One round: every admitted gang is tried once. Returns how many were launched."""
+        """One round: every admitted gang is tried once. Returns how many were launched, once
+        they all were (or failed)."""
+        placed = self._round()
+        return sum(1 for done in placed if done.result())
+
+    def _round(self) -> list[Future[bool]]:
+        """Place every admitted gang (up to BATCH) and hand each placed one to a launch
+        worker; returns their launches, each True once launched. A gang not placed, or whose
+        launch failed, is handed back to the resource manager with the reason."""
         gangs = self._source.take_admitted(BATCH)
         # Demand exists while gangs wait, placeable or not (then more offers may help).
         self._hosts.set_demand(bool(gangs))
         if not gangs:
-            return 0
+            return []
         started = time.perf_counter()
-        launched = 0
         # One snapshot per round (taking one costs a pass over every host); hosts this round
-        # leased are left out of it for the next gangs.
+        # leased are left out of it for the next gangs, and a later round's snapshot leaves out
+        # the hosts still leased to launches under way.
         offered = self._hosts.snapshot()
         largest = max(int(g.per_task.gpu) for g in gangs)
         self.metrics.gpu_fragmentation.set(engine.gpu_fragmentation(offered, largest))
         snapshot = engine.Snapshot(offered)
-        totals: Sequence[HostOffers] | None = None
-
-        def not_placed(gang: Gang, exc: _NotPlaced) -> None:
-            nonlocal totals
-            if exc.kind == NO_FIT:
-                totals = self._totals() if totals is None else totals
-                never = self._never_fits(gang, totals)
-                if never:
-                    self.metrics.failures.labels(INFEASIBLE).inc()
-                    self._fail(gang, never)
-                    return
-            self.metrics.failures.labels(exc.kind).inc()
-            self._source.return_admitted(gang, str(exc))
-
-        placed: list[tuple[Gang, Future[None]]] = []
+        totals: list[Sequence[HostOffers]] = []  # the cluster's, read once per round if needed
+        placed: list[Future[bool]] = []
         for gang in gangs:
+            self._slots.acquire()  # released when its launch ends (or here if not placed)
             try:
                 hosts, leases = self._place(gang, snapshot)
             except _NotPlaced as exc:
-                not_placed(gang, exc)
+                self._slots.release()
+                self._not_placed(gang, exc, totals)
                 continue
             # Leased hosts leave the snapshot at once, so the next gangs are placed while this
-            # one is recorded and launched on a worker: those are waits on the database and the
-            # master, which overlap.
+            # one is recorded and launched on a worker.
             snapshot.drop(set(leases))
-            placed.append((gang, self._workers.submit(self._launch, gang, hosts, leases)))
-        for gang, done in placed:
-            try:
-                done.result()
-                launched += 1
-                self._feasible.discard(gang.job_id)
-            except _NotPlaced as exc:
-                not_placed(gang, exc)
+            placed.append(self._workers.submit(self._launch_placed, gang, hosts, leases))
         self.metrics.rounds.inc()
         self.metrics.round_seconds.observe(time.perf_counter() - started)
-        return launched
+        return placed
+
+    def _launch_placed(self, gang: Gang, hosts: Sequence[str], leases: dict[str, Lease]) -> bool:
+        """:meth:`_launch` on a worker; whether the gang was launched."""
+        try:
+            self._launch(gang, hosts, leases)
+        except _NotPlaced as exc:
+            self._not_placed(gang, exc, [])
+            return False
+        except Exception:
+            # A bug, not a refusal: where it stopped is unknown (the gang may be launched), so
+            # nothing is undone or retried; a daemon start sends placements left behind back.
+            log.exception("launch failed", extra={"job_id": gang.job_id})
+            return False
+        finally:
+            self._slots.release()
+            self.wake()  # a slot is free: gangs left waiting for one may go on
+        self._feasible.discard(gang.job_id)
+        return True
+
+    def _not_placed(self, gang: Gang, exc: _NotPlaced, totals: list[Sequence[HostOffers]]) -> None:
+        """Hand ``gang`` back with the reason, or fail it if it can never fit (``totals``: the
+        cluster's hosts if read already this round)."""
+        if exc.kind == NO_FIT:
+            if not totals:
+                totals.append(self._totals())
+            never = self._never_fits(gang, totals[0])
+            if never:
+                self.metrics.failures.labels(INFEASIBLE).inc()
+                self._fail(gang, never)
+                return
+        self.metrics.failures.labels(exc.kind).inc()
+        self._source.return_admitted(gang, str(exc))
 
     def _totals(self) -> Sequence[HostOffers]:
         """The cluster's hosts with their totals (once per round, when a gang did not fit)."""

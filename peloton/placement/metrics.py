@@ -28,8 +28,9 @@ class PlacementMetrics:
         )
         self.round_seconds = Histogram(
             "peloton_placement_seconds",
-            "Duration of one placement round in seconds: placing, leasing, recording and "
-            "launching its gangs.",
+            "Duration of one placement round in seconds: placing and leasing its gangs (each "
+            "is then recorded and launched on a launch worker while the next rounds go on; "
+            "peloton_gang_placement_seconds ends at the launch).",
             buckets=_ROUND_BUCKETS,
             registry=registry,
         )
