@@ -56,10 +56,10 @@ from bench.bench_jobs import (
     Daemon,
     _cpu_seconds,
     _cpu_steal,
-    _die_with_parent,
     _postgres_pids,
     cpu_calibration_ms,
     database,
+    dies_with_us,
     log,
     machine,
     migrate_db,
@@ -169,13 +169,12 @@ class Cluster:
         ]
         with (self.workdir / "minicluster.log").open("ab") as err:
             self.proc = subprocess.Popen(
-                cmd,
+                dies_with_us(cmd),
                 cwd=REPO,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=err,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
         assert self.proc.stdout is not None
         # "minicluster master at 127.0.0.1:PORT with N agents (simulated)"

@@ -36,6 +36,7 @@ import math
 import multiprocessing as mp
 import os
 import platform
+import shutil
 import signal
 import sqlite3
 import statistics
@@ -201,9 +202,20 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the benchmark process dies (Linux)."""
+    """In the child before exec: get SIGTERM if the benchmark process dies (Linux). Only for a
+    process without gRPC channels: see :func:`dies_with_us`."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+def dies_with_us(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` run so that it gets SIGTERM if the benchmark process dies (util-linux setpriv,
+    where there is one). Not a preexec_fn: with one, subprocess forks instead of vforking, and
+    gRPC's fork handlers, in a process that ever had a channel, restart its poller in the child,
+    whose epoll descriptor the close of inherited descriptors then takes away: the child
+    aborted ('epoll_wait error: Bad file descriptor') before it could run the daemon."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", *cmd] if setpriv else list(cmd)
 
 
 class Daemon:
@@ -249,13 +261,12 @@ class Daemon:
         ]
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                cmd,
+                dies_with_us(cmd),
                 cwd=REPO,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C reaches us; we stop it in order
-                preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + DAEMON_START_DEADLINE_S
         while True:
