@@ -29,6 +29,8 @@ Observed on the real master (1.11.0), and matched here:
   (:func:`peloton.minicluster.resources.mesos_text`). A task's resources allocated to two roles:
   "Invalid task resources: The resources have multiple allocation roles ('B' and 'A') but only
   one allocation role is allowed".
+- Explicit reconciliation of a task the master never received: TASK_UNKNOWN (TASK_LOST without
+  PARTITION_AWARE), REASON_RECONCILIATION, SOURCE_MASTER, no uuid.
 - A task group's task errors read "Task 'ID' is invalid: ..."; a task naming another agent,
   "Task uses invalid agent X while agent Y is expected"; a DEFAULT executor needs 0.01 cpus,
   32MB mem and some disk: "Executor 'E' uses less CPUs (None) than the minimum required (0.01)",
@@ -197,6 +199,29 @@ def _assert_dropped(status: dict[str, Any], state: str, user: str, executor_id: 
         + "'"
     )
     assert re.fullmatch(expected, status["message"]), seen
+
+
+def check_an_unknown_task_is_reconciled_unknown(master: str, partition_aware: bool) -> None:
+    """Any cluster. Explicit reconciliation of a task the master never received (a launch lost
+    on its way) answers TASK_UNKNOWN (TASK_LOST without PARTITION_AWARE), REASON_RECONCILIATION,
+    SOURCE_MASTER, with no uuid: peloton tells such a launch from a failure by it."""
+    caps = [{"type": "GPU_RESOURCES"}]
+    if partition_aware:
+        caps.append({"type": "PARTITION_AWARE"})
+    sched = _scheduler(master, capabilities=caps)
+    try:
+        task_id = f"never-sent-{uuid.uuid4().hex[:8]}"
+        sched.ok("RECONCILE", {"tasks": [{"task_id": {"value": task_id}}]})
+        status = sched.update(task_id, timeout=TIMEOUT)
+        expected = "TASK_UNKNOWN" if partition_aware else "TASK_LOST"
+        assert (status["state"], status.get("reason"), status.get("source")) == (
+            expected,
+            "REASON_RECONCILIATION",
+            "SOURCE_MASTER",
+        ), status
+        assert "uuid" not in status, status
+    finally:
+        _leave(sched)
 
 
 def check_known_user_runs(master: str) -> None:

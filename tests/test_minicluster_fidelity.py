@@ -45,6 +45,15 @@ def test_an_empty_or_unknown_user_fails_every_executor(
     fidelity.check_known_user_runs(mc.address)
 
 
+@pytest.mark.parametrize("partition_aware", [True, False])
+def test_an_unknown_task_is_reconciled_unknown(
+    make_minicluster: MiniclusterFactory, partition_aware: bool
+) -> None:
+    fidelity.check_an_unknown_task_is_reconciled_unknown(
+        make_minicluster(agents=1).address, partition_aware
+    )
+
+
 def test_an_unknown_user_fails_simulated_executors_too(
     make_minicluster: MiniclusterFactory,
 ) -> None:

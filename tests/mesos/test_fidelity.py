@@ -36,6 +36,11 @@ def test_an_empty_or_unknown_user_fails_every_executor(
     fidelity.check_unknown_user_fails_every_executor(mesos.master, user, partition_aware)
 
 
+@pytest.mark.parametrize("partition_aware", [True, False])
+def test_an_unknown_task_is_reconciled_unknown(mesos: RealCluster, partition_aware: bool) -> None:
+    fidelity.check_an_unknown_task_is_reconciled_unknown(mesos.master, partition_aware)
+
+
 def test_bad_executors_and_agents_are_refused(mesos: RealCluster) -> None:
     fidelity.check_bad_executors_and_agents_are_refused(mesos.master)
 
