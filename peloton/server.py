@@ -154,19 +154,21 @@ class LeaderHostService(HostService):
         self._leads = leads
         self._stored = stored
 
+    def _reads(self) -> HostService:
+        """What answers host reads: the leader's registry, or the database's view."""
+        if self._leads():
+            return HostService(self._hosts, self._jobs, self._hostmgr)
+        return HostService(self._stored(), self._jobs)
+
     def ListHosts(
         self, request: host_pb2.ListHostsRequest, context: grpc.ServicerContext
     ) -> host_pb2.ListHostsResponse:
-        if self._leads():
-            return super().ListHosts(request, context)
-        return HostService(self._stored(), self._jobs).ListHosts(request, context)
+        return self._reads().ListHosts(request, context)
 
     def GetHost(
         self, request: host_pb2.GetHostRequest, context: grpc.ServicerContext
     ) -> host_pb2.GetHostResponse:
-        if self._leads():
-            return super().GetHost(request, context)
-        return HostService(self._stored(), self._jobs).GetHost(request, context)
+        return self._reads().GetHost(request, context)
 
     def DrainHost(
         self, request: host_pb2.DrainHostRequest, context: grpc.ServicerContext
