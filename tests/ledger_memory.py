@@ -23,7 +23,15 @@ from typing import Protocol
 from peloton.core import spec as specs
 from peloton.core.ledger import JobLedger, PoolStore
 from peloton.core.pools import PoolConfig
-from peloton.core.records import AttemptRecord, EventRecord, JobRecord, TaskRecord, TaskUpdate
+from peloton.core.records import (
+    AttemptRecord,
+    EventRecord,
+    JobRecord,
+    Placement,
+    TaskRecord,
+    TaskUpdate,
+    launch_updates,
+)
 from peloton.core.records import attempt_id as make_attempt_id
 from peloton.core.spec import is_elastic
 from peloton.core.states import (
@@ -397,6 +405,13 @@ class MemoryLedger:
         return job_ids
 
     # ------------------------------------------------------------------ task updates
+
+    def record_launch(self, job_id: str, places: Mapping[int, Placement]) -> None:
+        ready = self.attempts(job_id, {T.READY})
+        gone = sorted(i for i, p in places.items() if ready.get(i) != p.attempt)
+        if gone:
+            raise FailedPrecondition(f"tasks {gone} of job {job_id} are no longer READY")
+        self.update_tasks(job_id, launch_updates(places))
 
     def update_tasks(self, job_id: str, updates: Sequence[TaskUpdate]) -> JobRecord:
         with self._writing([job_id]) as (now, jobs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -27,7 +28,14 @@ from support import (
     make_spec as gang_spec,
 )
 
-from peloton.core.records import EventRecord, JobFilter, JobRecord, TaskUpdate
+from peloton.core.records import (
+    EventRecord,
+    JobFilter,
+    JobRecord,
+    Placement,
+    TaskUpdate,
+    launch_updates,
+)
 from peloton.core.states import (
     TASK_TERMINAL,
     TASK_TRANSITIONS,
@@ -1198,3 +1206,40 @@ def test_a_cycle_s_gangs_are_admitted_together_each_task_with_its_event(
         assert dict(job.task_counts) == dict(Counter(t.state for t in tasks))
         for instance in range(size):
             assert task_event_chain_problems(task_events(manager, job_id, instance)) == []
+
+
+def test_the_launcher_s_record_writes_what_the_task_updates_would(manager: JobManager) -> None:
+    """record_launch is the launcher's record built for its case alone: the same tasks, job
+    and events as update_tasks of the same steps; a task taken back meanwhile fails it whole."""
+    spec = make_spec(3)
+    a, b = (manager.create_job(spec)[0].id for _ in range(2))
+    manager.admit_pending([(a, 3, "in"), (b, 3, "in")])
+    places = {i: Placement(1, f"h{i % 2}", f"agent-{i % 2}", f"ex-{i % 2}") for i in range(3)}
+    manager.record_launch(a, places)
+    manager.update_tasks(b, launch_updates(places))
+
+    def seen(job_id: str) -> object:
+        job = manager.get_job(job_id)
+        tasks, _ = manager.list_tasks(job_id)
+        return (
+            (job.state, job.reason, job.message, job.version, dict(job.task_counts)),
+            [(t.state, t.version, replace(t.current, job_id="")) for t in tasks],
+            [
+                [(e.from_state, e.to_state, e.reason, e.message, e.host) for e in evs]
+                + [e.attempt_id.removeprefix(job_id) for e in evs]
+                for evs in (task_events(manager, job_id, i) for i in range(3))
+            ],
+            [(e.from_state, e.to_state, e.reason) for e in job_events(manager, job_id)],
+        )
+
+    assert seen(a) == seen(b)
+    assert manager.get_job(a).state == JobState.RUNNING
+
+    # A gang killed between its placement and its record: nothing is written.
+    c = manager.create_job(spec)[0].id
+    manager.admit_pending([(c, 3, "in")])
+    manager.kill_job(c)
+    before = seen(c)
+    with pytest.raises(FailedPrecondition, match="no longer READY"):
+        manager.record_launch(c, places)
+    assert seen(c) == before

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import text
 from support import make_spec
 
-from peloton.core.records import TaskUpdate
+from peloton.core.records import Placement, TaskUpdate
 from peloton.core.states import TaskState
 from peloton.errors import FailedPrecondition, Unavailable
 from peloton.ha.fence import Deposed, LeaderFence
@@ -62,6 +62,8 @@ def test_a_deposed_leader_admits_and_places_nothing_but_the_api_still_writes(
     placing = [TaskUpdate(i, 1, TaskState.PLACING, "placing") for i in (0, 1)]
     with pytest.raises(Deposed, match="no longer holds the leader lease"):
         manager.update_tasks(job.id, placing)
+    with pytest.raises(Deposed, match="no longer holds the leader lease"):
+        manager.record_launch(job.id, {i: Placement(1, "h", "a", "e") for i in (0, 1)})
     belief.epoch = None  # its term ended on its own clock
     with pytest.raises(FailedPrecondition, match="no longer leads"):
         manager.update_tasks(job.id, placing)

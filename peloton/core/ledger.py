@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Protocol
 
 from peloton.core.pools import PoolConfig
-from peloton.core.records import EventRecord, JobRecord, TaskRecord, TaskUpdate
+from peloton.core.records import EventRecord, JobRecord, Placement, TaskRecord, TaskUpdate
 from peloton.core.states import TaskState
 
 
@@ -85,6 +85,14 @@ class TaskUpdates(Protocol):
 
 class LaunchLedger(TaskUpdates, Protocol):
     """What the launcher needs: the attempts it launches, their records, unplaceable gangs."""
+
+    def record_launch(self, job_id: str, places: Mapping[int, Placement]) -> None:
+        """READY -> PLACING -> PLACED -> LAUNCHING of each task in ``places`` (instance id ->
+        where its attempt is launched), an event per step, in one write, as
+        :meth:`update_tasks` of :func:`~peloton.core.records.launch_updates` would; raises
+        FailedPrecondition and writes nothing if a task is not READY in that attempt (taken
+        back meanwhile)."""
+        ...
 
     def attempts(self, job_id: str, states: Iterable[TaskState]) -> dict[int, int]:
         """The current attempt number of each of a job's tasks in ``states``, by instance id

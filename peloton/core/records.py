@@ -118,3 +118,31 @@ class TaskUpdate:
     host: str = ""
     agent_id: str = ""
     executor_id: str = ""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the launcher launches one task's attempt: its host, agent and executor."""
+
+    attempt: int
+    host: str
+    agent_id: str
+    executor_id: str
+
+
+# The launcher's record of a placed task, step by step: (state, reason).
+LAUNCH_STEPS: tuple[tuple[TaskState, str], ...] = (
+    (TaskState.PLACING, "placing"),
+    (TaskState.PLACED, "placed"),
+    (TaskState.LAUNCHING, "launching"),
+)
+
+
+def launch_updates(places: Mapping[int, Placement]) -> list[TaskUpdate]:
+    """The record of a launch as task updates: READY -> PLACING -> PLACED -> LAUNCHING of every
+    task in ``places`` (instance id -> placement), step by step."""
+    return [
+        TaskUpdate(i, p.attempt, state, reason, "", p.host, p.agent_id, p.executor_id)
+        for state, reason in LAUNCH_STEPS
+        for i, p in places.items()
+    ]

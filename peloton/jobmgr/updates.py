@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from peloton.core.records import JobRecord, TaskUpdate, attempt_id
+from peloton.core.records import LAUNCH_STEPS, JobRecord, Placement, TaskUpdate, attempt_id
 from peloton.core.spec import is_elastic
 from peloton.core.states import (
     TASK_ACTIVE,
@@ -18,7 +18,7 @@ from peloton.core.states import (
     TaskState,
     check_task_transition,
 )
-from peloton.errors import NotFound
+from peloton.errors import FailedPrecondition, NotFound
 from peloton.jobmgr import restarts
 from peloton.jobmgr.work import FAILURES, Part, UnitOfWork, shift
 from peloton.storage import jobs as repo
@@ -99,6 +99,59 @@ class TaskUpdates(Part):
                 extra={"job_id": job_id, "action": plan.action.value, "why": plan.message},
             )
         return job
+
+
+    def record_launch(self, job_id: str, places: Mapping[int, Placement]) -> None:
+        """The launcher's record of a placed gang (see LaunchLedger.record_launch): what
+        :meth:`update_tasks` writes for :func:`launch_updates`, built for that case alone (no
+        rows loaded as objects, no update applied one by one: a gang's record was the launch
+        path's largest cost)."""
+        with self._ctx.job(job_id) as work:
+            self._ctx.fenced(work.session)
+            ready = repo.attempts_in(work.session, job_id, {TaskState.READY})
+            gone = sorted(i for i, p in places.items() if ready.get(i) != p.attempt)
+            if gone:
+                raise FailedPrecondition(
+                    f"{len(gone)} of the {len(places)} tasks of job {job_id} placed are no "
+                    f"longer READY in the attempt placed (instance {gone[0]} first)"
+                )
+            events: list[dict[str, object]] = []
+            for i, p in places.items():
+                where = {"host": p.host, "agent_id": p.agent_id, "executor_id": p.executor_id}
+                attempt = attempt_id(job_id, i, p.attempt)
+                source = TaskState.READY
+                for state, reason in LAUNCH_STEPS:
+                    repo.change_tasks(
+                        work.session,
+                        [(job_id, i)],
+                        state=state.value,
+                        reason=reason,
+                        message="",
+                        message_id=None,
+                        updated_at=work.now,
+                        **where,
+                    )
+                    events.append(
+                        {
+                            "job_id": job_id,
+                            "instance_id": i,
+                            "time": work.now,
+                            "from_state": source.value,
+                            "to_state": state.value,
+                            "reason": reason,
+                            "message": "",
+                            "host": p.host,
+                            "attempt_id": attempt,
+                        }
+                    )
+                    source = state
+            source = TaskState.READY
+            for state, _ in LAUNCH_STEPS:
+                shift(work.counts, {source: len(places)}, state)
+                source = state
+            repo.insert_events(work.session, events)
+            work.derive()
+        self._ctx.after_commit(job_id)
 
 
 def _finish_elastic(

@@ -32,7 +32,7 @@ from peloton.core.gang import AdmittedGangs, Gang
 from peloton.core.gangenv import GangEnv, topology
 from peloton.core.ledger import LaunchLedger
 from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError, executor_id, take_ports
-from peloton.core.records import TaskUpdate, attempt_id
+from peloton.core.records import Placement, TaskUpdate, attempt_id
 from peloton.core.resources import ZERO, Resources
 from peloton.core.spec import is_elastic
 from peloton.core.states import TaskState
@@ -367,17 +367,12 @@ class Launcher:
         """READY -> PLACING -> PLACED -> LAUNCHING for every task, in one transaction, with
         where each is launched (``places``: hostname, agent id, executor id per task): an
         attempt that reached a host thus always names its sandbox."""
-        self._jobs.update_tasks(
+        self._jobs.record_launch(
             gang.job_id,
-            [
-                TaskUpdate(i, attempts[i], state, reason, "", *place)
-                for state, reason in (
-                    (TaskState.PLACING, "placing"),
-                    (TaskState.PLACED, "placed"),
-                    (TaskState.LAUNCHING, "launching"),
-                )
+            {
+                i: Placement(attempts[i], *place)
                 for i, place in zip(gang.instances, places, strict=True)
-            ],
+            },
         )
 
     def _back_to_ready(self, gang: Gang, attempts: dict[int, int], why: str) -> None:
