@@ -100,7 +100,6 @@ class TaskUpdates(Part):
             )
         return job
 
-
     def record_launch(self, job_id: str, places: Mapping[int, Placement]) -> None:
         """The launcher's record of a placed gang (see LaunchLedger.record_launch): what
         :meth:`update_tasks` writes for :func:`launch_updates`, built for that case alone (no
