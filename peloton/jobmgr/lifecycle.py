@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from peloton.core import spec as specs
-from peloton.core.records import JobRecord, attempt_id
+from peloton.core.records import JobRecord
 from peloton.core.states import (
     JOB_TERMINAL,
     TASK_ACTIVE,
@@ -390,18 +390,18 @@ def _admit(
             updated_at=work.now,
         )
         events.extend(
-            {
-                "job_id": job_id,
-                "instance_id": instance,
-                "time": work.now,
-                "from_state": TaskState.PENDING.value,
-                "to_state": TaskState.READY.value,
-                "reason": ADMITTED,
-                "message": own,
-                "message_id": message_id,
-                "host": host,
-                "attempt_id": attempt_id(job_id, instance, attempt),
-            }
+            repo.task_event(
+                job_id,
+                instance,
+                attempt,
+                work.now,
+                TaskState.PENDING,
+                TaskState.READY,
+                reason=ADMITTED,
+                message=own,
+                host=host,
+                message_id=message_id,
+            )
             for instance, attempt, host in tasks
         )
         shift(work.counts, {TaskState.PENDING: len(tasks)}, TaskState.READY)

@@ -117,7 +117,6 @@ class TaskUpdates(Part):
             events: list[dict[str, object]] = []
             for i, p in places.items():
                 where = {"host": p.host, "agent_id": p.agent_id, "executor_id": p.executor_id}
-                attempt = attempt_id(job_id, i, p.attempt)
                 source = TaskState.READY
                 for state, reason in LAUNCH_STEPS:
                     repo.change_tasks(
@@ -131,17 +130,17 @@ class TaskUpdates(Part):
                         **where,
                     )
                     events.append(
-                        {
-                            "job_id": job_id,
-                            "instance_id": i,
-                            "time": work.now,
-                            "from_state": source.value,
-                            "to_state": state.value,
-                            "reason": reason,
-                            "message": "",
-                            "host": p.host,
-                            "attempt_id": attempt,
-                        }
+                        repo.task_event(
+                            job_id,
+                            i,
+                            p.attempt,
+                            work.now,
+                            source,
+                            state,
+                            reason=reason,
+                            message="",
+                            host=p.host,
+                        )
                     )
                     source = state
             source = TaskState.READY
@@ -293,18 +292,18 @@ def _event(
     message_id: int | None = None,
 ) -> dict[str, object]:
     """A task event; ``message_id`` names a shared message (``message`` is then "")."""
-    return {
-        "job_id": task.job_id,
-        "instance_id": task.instance_id,
-        "time": now,
-        "from_state": src.value,
-        "to_state": dst.value,
-        "reason": reason,
-        "message": message,
-        "message_id": message_id,
-        "host": host or task.host,
-        "attempt_id": attempt_id(task.job_id, task.instance_id, task.attempt),
-    }
+    return repo.task_event(
+        task.job_id,
+        task.instance_id,
+        task.attempt,
+        now,
+        src,
+        dst,
+        reason=reason,
+        message=message,
+        host=host or task.host,
+        message_id=message_id,
+    )
 
 
 def _failures_of(tasks: Mapping[int, TaskRow]) -> dict[int, int]:

@@ -46,6 +46,7 @@ from peloton.core.records import (
     JobFilter,
     JobRecord,
     TaskRecord,
+    attempt_id,
 )
 from peloton.core.states import JOB_TERMINAL, Goal, JobState, TaskState
 from peloton.errors import InvalidArgument
@@ -1084,6 +1085,35 @@ _EVENT_COLUMNS = ("job_id", "instance_id", "time", "from_state", "to_state", *_E
 _EVENTS_FROM_ROWS = f"INSERT INTO {_EVENTS.name} ({', '.join(_EVENT_COLUMNS)}) " + _json_columns(
     _typed(_EVENTS, _EVENT_COLUMNS)
 )
+
+
+def task_event(
+    job_id: str,
+    instance_id: int,
+    attempt: int,
+    time: datetime,
+    src: TaskState,
+    dst: TaskState,
+    *,
+    reason: str,
+    message: str,
+    host: str,
+    message_id: int | None = None,
+) -> dict[str, Any]:
+    """The row :func:`insert_events` takes for a change of one task's attempt (``message_id``
+    names a shared message; ``message`` is then "")."""
+    return {
+        "job_id": job_id,
+        "instance_id": instance_id,
+        "time": time,
+        "from_state": src.value,
+        "to_state": dst.value,
+        "reason": reason,
+        "message": message,
+        "message_id": message_id,
+        "host": host,
+        "attempt_id": attempt_id(job_id, instance_id, attempt),
+    }
 
 
 def insert_events(session: Session, events: Sequence[Mapping[str, Any]]) -> None:
