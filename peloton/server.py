@@ -94,7 +94,8 @@ GC_YOUNG_THRESHOLD = 50_000
 
 def _tune_gc() -> None:
     """Move what start-up made (modules, the spec pools, the servers) out of the collector's
-    way, and let the young generation grow before a collection."""
+    way, and let the young generation grow before a collection (once the daemon serves: the
+    full collection first pauses every thread, for a moment)."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()
@@ -304,7 +305,6 @@ class Server:
         )
         self._probe.start()
         self._started = True
-        _tune_gc()
         log.info(
             "peloton server started",
             extra={
@@ -545,6 +545,9 @@ class Server:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         self.start()
+        # The process is the daemon's alone (not so for a server a test runs in its own
+        # process, whose collector this leaves as it is).
+        _tune_gc()
         # The kernel may hand the signal to any of our threads; Python then runs the handler
         # only once the main thread runs bytecode, and a wait without a timeout would sleep
         # through it until something else woke it. Waking every SIGNAL_POLL_SECONDS bounds that.
