@@ -52,6 +52,9 @@ from peloton.server import Server
 from peloton.v1 import job_pb2, job_pb2_grpc
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+# The client timeout against a daemon that never answers: the next daemon must answer within it
+# too, on a loaded machine.
+FROZEN_TIMEOUT = 3.0
 
 
 # ---------------------------------------------------------------------------- addresses
@@ -436,13 +439,13 @@ def test_a_frozen_daemon_is_left_for_the_next_after_the_call_s_timeout(real: Ser
     frozen = FrozenFront()
     try:
         with serving(frozen) as stuck:
-            with PelotonClient(f"{stuck},{real_address}", timeout=1) as client:
+            with PelotonClient(f"{stuck},{real_address}", timeout=FROZEN_TIMEOUT) as client:
                 # A read: DEADLINE_EXCEEDED at the frozen one, then the next one's answer.
                 assert client.get_job(job_id).job_id == job_id
                 assert client.current == real_address
             # A restart is not sent again where the first daemon may have done it.
             with (
-                PelotonClient(f"{stuck},{real_address}", timeout=1) as client,
+                PelotonClient(f"{stuck},{real_address}", timeout=FROZEN_TIMEOUT) as client,
                 pytest.raises(ClientError) as late,
             ):
                 client.restart_job(job_id)
