@@ -6,7 +6,6 @@ Status codes and messages follow Mesos 1.11's ``master/http.cpp`` and ``files/fi
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import queue
@@ -18,6 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+import orjson
 
 from peloton.minicluster.master import KNOWN_CALLS, VERSION, CallError, Master, check_uuid
 from peloton.minicluster.model import Subscriber
@@ -318,7 +319,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _json(self, data: Any) -> None:
-        self._reply(200, json.dumps(data).encode("utf-8"), "application/json")
+        self._reply(200, orjson.dumps(data), "application/json")
 
 
 class _MasterHandler(_Handler):
@@ -397,8 +398,8 @@ class _MasterHandler(_Handler):
                 406, "Expecting 'Accept' to allow application/json or application/x-protobuf"
             )
         try:
-            call = json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+            call = orjson.loads(body)
+        except ValueError as exc:
             raise CallError(400, f"Failed to parse body into JSON: {exc}") from None
         return validate_call(call)
 

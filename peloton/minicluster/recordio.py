@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 
 def encode(record: bytes) -> bytes:
@@ -13,7 +14,7 @@ def encode(record: bytes) -> bytes:
 
 def encode_event(event: dict[str, Any]) -> bytes:
     """A framed JSON event, compact as the real master writes it."""
-    return encode(json.dumps(event, separators=(",", ":")).encode("utf-8"))
+    return encode(orjson.dumps(event))
 
 
 class Decoder:

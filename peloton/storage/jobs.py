@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
+import orjson
 from sqlalchemy import (
     Integer,
     Select,
@@ -804,7 +805,9 @@ def _json_rows(rows: Sequence[Sequence[Any]]) -> str:
             text = times[value] = value.astimezone(UTC).isoformat()
         return text
 
-    return json.dumps(rows, default=json_value, separators=(",", ":"))
+    # orjson: ~5x the json module's speed here; its own datetime form is left unused (a naive
+    # time would go without an offset).
+    return orjson.dumps(rows, default=json_value, option=orjson.OPT_PASSTHROUGH_DATETIME).decode()
 
 
 def _json_columns(columns: Sequence[tuple[str, TypeEngine[Any]]]) -> str:
