@@ -37,6 +37,7 @@ from peloton.core.spec import is_elastic
 from peloton.core.states import (
     JOB_TERMINAL,
     TASK_ACTIVE,
+    TASK_PROGRESS,
     TASK_TERMINAL,
     TASK_UNLAUNCHED,
     Goal,
@@ -412,6 +413,17 @@ class MemoryLedger:
         if gone:
             raise FailedPrecondition(f"tasks {gone} of job {job_id} are no longer READY")
         self.update_tasks(job_id, launch_updates(places))
+
+    def record_progress(self, updates: Mapping[str, Sequence[TaskUpdate]]) -> list[str]:
+        left = []
+        for job_id, job_updates in updates.items():
+            try:
+                if any(u.state not in TASK_PROGRESS for u in job_updates):
+                    raise FailedPrecondition("not progress")
+                self.update_tasks(job_id, job_updates)
+            except (FailedPrecondition, NotFound):
+                left.append(job_id)
+        return left
 
     def update_tasks(self, job_id: str, updates: Sequence[TaskUpdate]) -> JobRecord:
         with self._writing([job_id]) as (now, jobs):

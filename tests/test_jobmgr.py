@@ -43,6 +43,7 @@ from peloton.core.states import (
     JobState,
     TaskState,
     derive_job_state,
+    task_transition_allowed,
 )
 from peloton.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from peloton.jobmgr.manager import JobManager
@@ -1219,18 +1220,7 @@ def test_the_launcher_s_record_writes_what_the_task_updates_would(manager: JobMa
     manager.update_tasks(b, launch_updates(places))
 
     def seen(job_id: str) -> object:
-        job = manager.get_job(job_id)
-        tasks, _ = manager.list_tasks(job_id)
-        return (
-            (job.state, job.reason, job.message, job.version, dict(job.task_counts)),
-            [(t.state, t.version, replace(t.current, job_id="")) for t in tasks],
-            [
-                [(e.from_state, e.to_state, e.reason, e.message, e.host) for e in evs]
-                + [e.attempt_id.removeprefix(job_id) for e in evs]
-                for evs in (task_events(manager, job_id, i) for i in range(3))
-            ],
-            [(e.from_state, e.to_state, e.reason) for e in job_events(manager, job_id)],
-        )
+        return _written(manager, job_id, 3)
 
     assert seen(a) == seen(b)
     assert manager.get_job(a).state == JobState.RUNNING
@@ -1243,3 +1233,67 @@ def test_the_launcher_s_record_writes_what_the_task_updates_would(manager: JobMa
     with pytest.raises(FailedPrecondition, match="no longer READY"):
         manager.record_launch(c, places)
     assert seen(c) == before
+
+
+def _written(manager: JobManager, job_id: str, size: int) -> object:
+    """What is stored of a job, but its id: the job (state, reason, version, counts), its
+    tasks, their events and its own events."""
+    job = manager.get_job(job_id)
+    tasks, _ = manager.list_tasks(job_id)
+    return (
+        (job.state, job.reason, job.message, job.version, dict(job.task_counts)),
+        [(t.state, t.version, replace(t.current, job_id="")) for t in tasks],
+        [
+            [(e.from_state, e.to_state, e.reason, e.message, e.host) for e in evs]
+            + [e.attempt_id.removeprefix(job_id) for e in evs]
+            for evs in (task_events(manager, job_id, i) for i in range(size))
+        ],
+        [(e.from_state, e.to_state, e.reason) for e in job_events(manager, job_id)],
+    )
+
+
+def test_progress_of_several_jobs_is_written_as_the_task_updates_would(
+    manager: JobManager, clock: FakeClock
+) -> None:
+    """record_progress writes several jobs' progress in one transaction: for each, the same
+    tasks, versions, events and job (its counts, its state once every task runs) as
+    update_tasks of the same updates, a stale one ignored. A job with an update it does not
+    take (not progress, not allowed from the task's state, of a task the job lacks) is left
+    out with nothing of it written, as is a job that does not exist."""
+    spec = make_spec(3)
+    a, b, illegal, failure, unknown = (manager.create_job(spec)[0].id for _ in range(5))
+    jobs = (a, b, illegal, failure, unknown)
+    manager.admit_pending([(j, 3, "in") for j in jobs])
+    places = {i: Placement(1, f"h{i % 2}", f"agent-{i % 2}", f"ex-{i % 2}") for i in range(3)}
+    for job_id in jobs:
+        manager.record_launch(job_id, places)
+    T = TaskState
+    first = [
+        TaskUpdate(0, 1, T.STARTING, "TASK_STARTING"),
+        TaskUpdate(0, 1, T.RUNNING, "TASK_RUNNING", "", "h0", "agent-0", "ex-0"),
+        TaskUpdate(1, 1, T.RUNNING, "TASK_RUNNING", "up", "", "agent-9"),
+        TaskUpdate(2, 7, T.RUNNING, "TASK_RUNNING"),  # stale: attempt 7
+        TaskUpdate(2, 1, T.LAUNCHED),
+    ]
+    assert not task_transition_allowed(T.RUNNING, T.STARTING)
+    refused = {
+        illegal: [TaskUpdate(0, 1, T.RUNNING), TaskUpdate(0, 1, T.STARTING)],
+        failure: [TaskUpdate(0, 1, T.RUNNING), TaskUpdate(1, 1, T.FAILED, "TASK_FAILED")],
+        unknown: [TaskUpdate(0, 1, T.RUNNING), TaskUpdate(3, 1, T.RUNNING)],
+    }
+    before = {job_id: _written(manager, job_id, 3) for job_id in refused}
+    clock.advance(5)
+    left = manager.record_progress({a: first, **refused, "no-such-job": first})
+    manager.update_tasks(b, first)
+    assert left == [illegal, failure, unknown, "no-such-job"]
+    assert {job_id: _written(manager, job_id, 3) for job_id in refused} == before
+    assert _written(manager, a, 3) == _written(manager, b, 3)
+    assert manager.get_job(a).task_counts == {T.RUNNING: 2, T.LAUNCHED: 1}
+
+    clock.advance(5)
+    last = [TaskUpdate(2, 1, T.STARTING), TaskUpdate(2, 1, T.RUNNING), TaskUpdate(0, 1, T.RUNNING)]
+    assert manager.record_progress({a: last}) == []
+    manager.update_tasks(b, last)
+    assert _written(manager, a, 3) == _written(manager, b, 3)
+    assert manager.get_job(a).state == JobState.RUNNING
+    assert manager.get_task(a, 0)[0].current.started_at is not None

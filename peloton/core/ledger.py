@@ -108,6 +108,14 @@ class LaunchLedger(TaskUpdates, Protocol):
 class HostLedger(TaskUpdates, Protocol):
     """What the host manager needs: status updates written, and a job's spec."""
 
+    def record_progress(self, updates: Mapping[str, Sequence[TaskUpdate]]) -> list[str]:
+        """Apply several jobs' updates (job id -> its updates, in order) in one write, as
+        :meth:`update_tasks` of each would, where every update only moves a launched task on
+        toward running (``TASK_PROGRESS``). Returns the jobs left out, with nothing of theirs
+        written (a job gone, an update of another kind, or one not allowed): the caller writes
+        each of them with :meth:`update_tasks`."""
+        ...
+
     def get_job(self, job_id: str) -> JobRecord:
         """One job (NotFound if it does not exist)."""
         ...

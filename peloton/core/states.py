@@ -60,6 +60,9 @@ TASK_UNLAUNCHED: frozenset[TaskState] = frozenset(
 TASK_ACTIVE: frozenset[TaskState] = frozenset(
     {T.LAUNCHING, T.LAUNCHED, T.STARTING, T.RUNNING, T.PREEMPTING, T.KILLING}
 )
+# States a launched attempt goes through on its way to running, as its host reports them: most
+# status updates, recorded on a path of their own (see TaskUpdates.record_progress).
+TASK_PROGRESS: frozenset[TaskState] = frozenset({T.LAUNCHED, T.STARTING, T.RUNNING})
 _ENDINGS = {T.SUCCEEDED, T.FAILED, T.LOST, T.KILLING, T.KILLED}
 # Reason of an attempt ended LOST because its launch never reached Mesos (the daemon that led
 # stopped between recording the launch and sending it): the task never ran, so its end counts

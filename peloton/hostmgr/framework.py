@@ -32,7 +32,7 @@ from peloton.core.ledger import HostLedger
 from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError, Offer, executor_id
 from peloton.core.records import AttemptRecord, TaskUpdate, parse_attempt_id
 from peloton.core.resources import EXECUTOR_RESOURCES, ZERO, Resources
-from peloton.core.states import NOT_LAUNCHED, TASK_ACTIVE, TASK_TERMINAL, TaskState
+from peloton.core.states import NOT_LAUNCHED, TASK_ACTIVE, TASK_PROGRESS, TASK_TERMINAL, TaskState
 from peloton.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from peloton.hostmgr import states as mesos_states
 from peloton.hostmgr.calls import Acknowledger, Pipes, Stream, accept_body
@@ -697,10 +697,29 @@ class HostManager:
                 by_job.setdefault(planned.job_id, []).append(planned)
         for state, n in by_state.items():  # a labels() lookup per update cost 20 us
             self.metrics.status_updates.labels(state=state).inc(n)
-        # Jobs are written independently (one transaction each), on the writers at once.
+        ack.extend(self._record_progress(by_job))
+        # The rest are written job by job (one transaction each), on the writers at once.
         for written in self._writers.map(lambda job: self._apply(*job), by_job.items()):
             ack.extend(p.status for p in written)
         self._acknowledge(ack)
+
+    def _record_progress(self, by_job: dict[str, list[_Planned]]) -> list[Mapping[str, Any]]:
+        """Write, in one transaction, the jobs of ``by_job`` whose updates only move tasks on
+        toward running (most of them, as gangs start), and take them out of it; returns their
+        statuses, to acknowledge. Jobs the job manager leaves out stay, for :meth:`_apply`."""
+        progress = {
+            job_id: [p.update for p in items]
+            for job_id, items in by_job.items()
+            if all(p.update.state in TASK_PROGRESS for p in items)
+        }
+        if not progress:
+            return []
+        try:
+            left = set(self._jobs.record_progress(progress))
+        except Exception:
+            log.exception("persisting status updates failed", extra={"jobs": len(progress)})
+            return []  # written one job at a time next
+        return [p.status for job_id in progress if job_id not in left for p in by_job.pop(job_id)]
 
     def _acknowledge(self, statuses: Sequence[Mapping[str, Any]]) -> None:
         stream = self._stream()

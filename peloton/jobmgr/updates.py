@@ -12,11 +12,13 @@ from peloton.core.records import LAUNCH_STEPS, JobRecord, Placement, TaskUpdate,
 from peloton.core.spec import is_elastic
 from peloton.core.states import (
     TASK_ACTIVE,
+    TASK_PROGRESS,
     TASK_TERMINAL,
     TASK_UNLAUNCHED,
     Goal,
     TaskState,
     check_task_transition,
+    task_transition_allowed,
 )
 from peloton.errors import FailedPrecondition, NotFound
 from peloton.jobmgr import restarts
@@ -56,15 +58,7 @@ class TaskUpdates(Part):
                 if task is None:
                     raise NotFound(f"job {job_id} has no instance {u.instance_id}")
                 if u.attempt != task.attempt:
-                    log.info(
-                        "stale task update ignored",
-                        extra={
-                            "job_id": job_id,
-                            "instance_id": u.instance_id,
-                            "attempt": u.attempt,
-                            "current_attempt": task.attempt,
-                        },
-                    )
+                    _stale(job_id, u, task.attempt)
                     continue
                 if task.goal == Goal.RUN and u.state in FAILURES and u.state != task.state:
                     failures.append(restarts.Failure(u.instance_id, u.state, u.reason, u.message))
@@ -150,6 +144,104 @@ class TaskUpdates(Part):
             repo.insert_events(work.session, events)
             work.derive()
         self._ctx.after_commit(job_id)
+
+    def record_progress(self, updates: Mapping[str, Sequence[TaskUpdate]]) -> list[str]:
+        """Status updates of several jobs that only move launched tasks on toward running
+        (``TASK_PROGRESS``), in one write for all of them: what :meth:`update_tasks` of each
+        job's updates writes, without a transaction per job or its tasks loaded as rows (as
+        gangs start, their status updates come by the thousand and were most of the daemon's
+        writes). Returns the jobs left out, with nothing of theirs written: a job gone, an
+        update of another kind, of a task the job lacks, or not allowed from the task's state;
+        :meth:`update_tasks` then writes (or refuses) each of them."""
+        left: list[str] = []
+        written: list[str] = []
+        with self._ctx.db.writing() as session:
+            works = self._ctx.lock_many(session, updates)
+            tasks = repo.task_values(session, works)
+            events: list[dict[str, object]] = []
+            for job_id, job_updates in updates.items():
+                work = works.get(job_id)
+                steps = None if work is None else _progress(work, job_updates, tasks)
+                if work is None or steps is None:
+                    left.append(job_id)
+                    continue
+                for instance, source, target, values, event in steps:
+                    repo.change_tasks(session, [(job_id, instance)], **values)
+                    shift(work.counts, {source: 1}, target)
+                    events.append(event)
+                work.derive()
+                written.append(job_id)
+            repo.insert_events(session, events)
+        for job_id in written:
+            self._ctx.after_commit(job_id)
+        return left
+
+
+# One checked change of :meth:`TaskUpdates.record_progress`: (instance id, from, to, the task's
+# values that change, its event).
+_Step = tuple[int, TaskState, TaskState, dict[str, object], dict[str, object]]
+
+
+def _progress(
+    work: UnitOfWork,
+    updates: Sequence[TaskUpdate],
+    tasks: Mapping[tuple[str, int], Mapping[str, object]],
+) -> list[_Step] | None:
+    """The changes one job's progress updates make, as :func:`_apply` makes them, worked out
+    before any is written; None if one of them is not progress, names no task of the job or is
+    not allowed. ``tasks``: the job's tasks' ``PROGRESS_COLUMNS`` by (job id, instance id)."""
+    job_id, now = work.job_id, work.now
+    steps: list[_Step] = []
+    seen: dict[int, dict[str, object]] = {}  # tasks as this job's earlier updates left them
+    for u in updates:
+        if u.state not in TASK_PROGRESS:
+            return None
+        task = seen.get(u.instance_id) or tasks.get((job_id, u.instance_id))
+        if task is None:
+            return None
+        if u.attempt != task["attempt"]:
+            _stale(job_id, u, task["attempt"])
+            continue
+        current = TaskState(str(task["state"]))
+        if u.state == current:
+            continue
+        if not task_transition_allowed(current, u.state):
+            return None
+        changes: dict[str, object] = {"state": u.state.value, "updated_at": now}
+        if u.reason or u.message:
+            changes.update(reason=u.reason, message=u.message, message_id=None)
+        placed = {"host": u.host, "agent_id": u.agent_id, "executor_id": u.executor_id}
+        changes.update((k, v) for k, v in placed.items() if v)
+        if u.state == TaskState.RUNNING and task["started_at"] is None:
+            changes["started_at"] = now
+        event = repo.task_event(
+            job_id,
+            u.instance_id,
+            u.attempt,
+            now,
+            current,
+            u.state,
+            reason=u.reason,
+            message=u.message,
+            host=u.host or str(task["host"]),
+        )
+        # Values the task has already need no writing (as set_task leaves them out).
+        values = {k: v for k, v in changes.items() if task.get(k) != v}
+        seen[u.instance_id] = {**task, **changes}
+        steps.append((u.instance_id, current, u.state, values, event))
+    return steps
+
+
+def _stale(job_id: str, u: TaskUpdate, current: object) -> None:
+    log.info(
+        "stale task update ignored",
+        extra={
+            "job_id": job_id,
+            "instance_id": u.instance_id,
+            "attempt": u.attempt,
+            "current_attempt": current,
+        },
+    )
 
 
 def _finish_elastic(
