@@ -232,6 +232,10 @@ class MemoryLedger:
             job = self._jobs.get(job_id)
             return {} if job is None else {t.instance_id: t.attempt for t in job.in_states(states)}
 
+    def ready_attempts(self, job_ids: Iterable[str]) -> dict[str, dict[int, int]]:
+        found = {j: self.attempts(j, {T.READY}) for j in job_ids}
+        return {j: attempts for j, attempts in found.items() if attempts}
+
     def list_tasks(
         self,
         job_id: str,

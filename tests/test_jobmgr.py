@@ -1235,6 +1235,17 @@ def test_the_launcher_s_record_writes_what_the_task_updates_would(manager: JobMa
     assert seen(c) == before
 
 
+def test_ready_attempts_of_several_jobs_are_read_at_once(manager: JobManager) -> None:
+    """The launcher's read of a round: each job's READY tasks with their attempts; a job
+    with none, or none at all, is left out."""
+    a, b, pending = (manager.create_job(make_spec(3))[0].id for _ in range(3))
+    manager.admit_pending([(a, 2, "in"), (b, 3, "in")])
+    manager.kill_job(b)
+    found = manager.ready_attempts([a, b, pending, "no-such-job"])
+    assert found == {a: {0: 1, 1: 1}}
+    assert found == {a: manager.attempts(a, {TaskState.READY})}
+
+
 def _written(manager: JobManager, job_id: str, size: int) -> object:
     """What is stored of a job, but its id: the job (state, reason, version, counts), its
     tasks, their events and its own events."""

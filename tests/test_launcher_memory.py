@@ -24,6 +24,7 @@ from peloton.core.gang import Gang
 from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError
 from peloton.core.records import JobRecord, TaskUpdate, attempt_id
 from peloton.core.states import JobState, TaskState
+from peloton.errors import Unavailable
 from peloton.hostmgr.offers import OfferPool, parse_offer
 from peloton.placement.launcher import Launcher
 from peloton.v1 import job_pb2
@@ -180,6 +181,29 @@ def test_a_gang_taken_back_before_it_is_recorded_is_not_launched(ledger: MemoryL
     assert reason == "2 tasks of the gang are no longer READY"
     assert hosts.launched == [] and hosts.pool.leased_hosts() == set()
     assert states(ledger, job.id) == {T.PENDING}
+
+
+def test_a_round_whose_attempts_cannot_be_read_hands_every_gang_back_with_the_reason(
+    ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round reads its gangs' attempts once; the database out then: nothing is placed,
+    leased or launched, and every gang goes back with why, to be tried again."""
+    jobs = [admitted(ledger, make_spec(2, gpu=4)) for _ in range(2)]
+    hosts = PoolHosts(4)
+    source = ListSource([gang for _, gang in jobs])
+
+    def out(job_ids: object) -> dict[str, dict[int, int]]:
+        raise Unavailable("the database is unreachable")
+
+    monkeypatch.setattr(ledger, "ready_attempts", out)
+    assert Launcher(source, hosts, ledger).run_once() == 0
+    assert [(g.job_id, why) for g, why in source.returned] == [
+        (job.id, "the database is unreachable") for job, _ in jobs
+    ]
+    assert hosts.launched == [] and hosts.pool.leased_hosts() == set()
+    monkeypatch.undo()
+    assert Launcher(source, hosts, ledger).run_once() == 2
+    assert all(states(ledger, job.id) == {T.LAUNCHING} for job, _ in jobs)
 
 
 def test_a_recorded_gang_reports_running_through_the_same_ledger(ledger: MemoryLedger) -> None:

@@ -99,6 +99,11 @@ class LaunchLedger(TaskUpdates, Protocol):
         (empty for a job that does not exist)."""
         ...
 
+    def ready_attempts(self, job_ids: Iterable[str]) -> dict[str, dict[int, int]]:
+        """The current attempt number of each READY task of the jobs, by job and instance id,
+        in one read (a job with none, or that does not exist, is left out)."""
+        ...
+
     def fail_unplaceable(self, job_id: str, message: str) -> JobRecord:
         """Fail a job's tasks that wait to run (PENDING or READY): no set of the cluster's
         hosts could ever hold their gang."""

@@ -167,6 +167,13 @@ class Launcher:
         if not gangs:
             return []
         started = time.perf_counter()
+        try:
+            # The attempts the gangs launch, read once for the round; the record checks them.
+            ready = self._jobs.ready_attempts(dict.fromkeys(g.job_id for g in gangs))
+        except PelotonError as exc:
+            for gang in gangs:
+                self._source.return_admitted(gang, str(exc))
+            return []
         # One snapshot per round (taking one costs a pass over every host); hosts this round
         # leased are left out of it for the next gangs, and a later round's snapshot leaves out
         # the hosts still leased to launches under way.
@@ -187,15 +194,18 @@ class Launcher:
             # Leased hosts leave the snapshot at once, so the next gangs are placed while this
             # one is recorded and launched on a worker.
             snapshot.drop(set(leases))
-            placed.append(self._workers.submit(self._launch_placed, gang, hosts, leases))
+            attempts = ready.get(gang.job_id, {})
+            placed.append(self._workers.submit(self._launch_placed, gang, hosts, leases, attempts))
         self.metrics.rounds.inc()
         self.metrics.round_seconds.observe(time.perf_counter() - started)
         return placed
 
-    def _launch_placed(self, gang: Gang, hosts: Sequence[str], leases: dict[str, Lease]) -> bool:
+    def _launch_placed(
+        self, gang: Gang, hosts: Sequence[str], leases: dict[str, Lease], ready: dict[int, int]
+    ) -> bool:
         """:meth:`_launch` on a worker; whether the gang was launched."""
         try:
-            self._launch(gang, hosts, leases)
+            self._launch(gang, hosts, leases, ready)
         except _NotPlaced as exc:
             self._not_placed(gang, exc, [])
             return False
@@ -257,11 +267,14 @@ class Launcher:
             raise _NotPlaced(placement.reason, NO_FIT)
         return list(placement.hosts), self._lease_all(sorted(set(placement.hosts)))
 
-    def _launch(self, gang: Gang, hosts: Sequence[str], leases: dict[str, Lease]) -> None:
-        """Record and launch a placed gang; on failure its leases are released."""
+    def _launch(
+        self, gang: Gang, hosts: Sequence[str], leases: dict[str, Lease], ready: dict[int, int]
+    ) -> None:
+        """Record and launch a placed gang (``ready``: the attempts of its job's READY tasks);
+        on failure its leases are released."""
         attempts: dict[int, int] = {}
         try:
-            attempts = self._attempts(gang)
+            attempts = _attempts(gang, ready)
             shares = self._shares(gang, hosts, leases, attempts)
             executors = {lease.agent_id: executor_id(tasks) for lease, tasks in shares}
             self._record(gang, [(leases[h].hostname, h, executors[h]) for h in hosts], attempts)
@@ -302,13 +315,6 @@ class Launcher:
                 raise _NotPlaced(f"agent {agent_id} was taken by another placement", HOST_TAKEN)
             leases[agent_id] = lease
         return leases
-
-    def _attempts(self, gang: Gang) -> dict[int, int]:
-        attempts = self._jobs.attempts(gang.job_id, {TaskState.READY})
-        missing = [i for i in gang.instances if i not in attempts]
-        if missing:
-            raise _NotPlaced(f"{len(missing)} tasks of the gang are no longer READY")
-        return attempts
 
     def _shares(
         self,
@@ -386,6 +392,14 @@ class Launcher:
             )
         except PelotonError:
             log.exception("could not requeue a gang whose launch failed")
+
+
+def _attempts(gang: Gang, ready: dict[int, int]) -> dict[int, int]:
+    """The attempt of each task of ``gang``, from its job's READY ones."""
+    missing = [i for i in gang.instances if i not in ready]
+    if missing:
+        raise _NotPlaced(f"{len(missing)} tasks of the gang are no longer READY")
+    return {i: ready[i] for i in gang.instances}
 
 
 def _address(lease: Lease) -> str:
