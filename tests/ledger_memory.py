@@ -411,12 +411,16 @@ class MemoryLedger:
 
     # ------------------------------------------------------------------ task updates
 
-    def record_launch(self, job_id: str, places: Mapping[int, Placement]) -> None:
-        ready = self.attempts(job_id, {T.READY})
-        gone = sorted(i for i, p in places.items() if ready.get(i) != p.attempt)
-        if gone:
-            raise FailedPrecondition(f"tasks {gone} of job {job_id} are no longer READY")
-        self.update_tasks(job_id, launch_updates(places))
+    def record_launches(self, gangs: Mapping[str, Mapping[int, Placement]]) -> dict[str, str]:
+        refused = {}
+        for job_id, places in gangs.items():
+            ready = self.attempts(job_id, {T.READY})
+            gone = sorted(i for i, p in places.items() if ready.get(i) != p.attempt)
+            if gone:
+                refused[job_id] = f"tasks {gone} of job {job_id} are no longer READY"
+            else:
+                self.update_tasks(job_id, launch_updates(places))
+        return refused
 
     def record_progress(self, updates: Mapping[str, Sequence[TaskUpdate]]) -> list[str]:
         left = []

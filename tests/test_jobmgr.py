@@ -1210,29 +1210,27 @@ def test_a_cycle_s_gangs_are_admitted_together_each_task_with_its_event(
 
 
 def test_the_launcher_s_record_writes_what_the_task_updates_would(manager: JobManager) -> None:
-    """record_launch is the launcher's record built for its case alone: the same tasks, job
-    and events as update_tasks of the same steps; a task taken back meanwhile fails it whole."""
+    """record_launches is the launcher's record of several gangs in one write, built for its
+    case alone: the same tasks, job and events as update_tasks of the same steps; a gang with
+    a task taken back meanwhile, or of a job gone, is refused with why and nothing of it is
+    written, while the others are recorded."""
     spec = make_spec(3)
-    a, b = (manager.create_job(spec)[0].id for _ in range(2))
-    manager.admit_pending([(a, 3, "in"), (b, 3, "in")])
+    a, b, a2, killed = (manager.create_job(spec)[0].id for _ in range(4))
+    manager.admit_pending([(j, 3, "in") for j in (a, b, a2, killed)])
+    manager.kill_job(killed)  # between its placement and its record
+    before = _written(manager, killed, 3)
     places = {i: Placement(1, f"h{i % 2}", f"agent-{i % 2}", f"ex-{i % 2}") for i in range(3)}
-    manager.record_launch(a, places)
+    refused = manager.record_launches({a: places, killed: places, a2: places, "gone": places})
     manager.update_tasks(b, launch_updates(places))
 
-    def seen(job_id: str) -> object:
-        return _written(manager, job_id, 3)
-
-    assert seen(a) == seen(b)
+    assert refused == {
+        killed: f"3 of the 3 tasks of job {killed} placed are no longer READY in the attempt "
+        "placed (instance 0 first)",
+        "gone": "job gone not found",
+    }
+    assert _written(manager, a, 3) == _written(manager, b, 3) == _written(manager, a2, 3)
     assert manager.get_job(a).state == JobState.RUNNING
-
-    # A gang killed between its placement and its record: nothing is written.
-    c = manager.create_job(spec)[0].id
-    manager.admit_pending([(c, 3, "in")])
-    manager.kill_job(c)
-    before = seen(c)
-    with pytest.raises(FailedPrecondition, match="no longer READY"):
-        manager.record_launch(c, places)
-    assert seen(c) == before
+    assert _written(manager, killed, 3) == before
 
 
 def test_ready_attempts_of_several_jobs_are_read_at_once(manager: JobManager) -> None:
@@ -1276,8 +1274,7 @@ def test_progress_of_several_jobs_is_written_as_the_task_updates_would(
     jobs = (a, b, illegal, failure, unknown)
     manager.admit_pending([(j, 3, "in") for j in jobs])
     places = {i: Placement(1, f"h{i % 2}", f"agent-{i % 2}", f"ex-{i % 2}") for i in range(3)}
-    for job_id in jobs:
-        manager.record_launch(job_id, places)
+    assert manager.record_launches({job_id: places for job_id in jobs}) == {}
     T = TaskState
     first = [
         TaskUpdate(0, 1, T.STARTING, "TASK_STARTING"),

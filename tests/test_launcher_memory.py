@@ -22,11 +22,11 @@ from test_hostmgr_offers import raw_offer
 
 from peloton.core.gang import Gang
 from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError
-from peloton.core.records import JobRecord, TaskUpdate, attempt_id
+from peloton.core.records import JobRecord, Placement, TaskUpdate, attempt_id
 from peloton.core.states import JobState, TaskState
 from peloton.errors import Unavailable
 from peloton.hostmgr.offers import OfferPool, parse_offer
-from peloton.placement.launcher import Launcher
+from peloton.placement.launcher import CHUNK, Launcher
 from peloton.v1 import job_pb2
 
 T = TaskState
@@ -204,6 +204,39 @@ def test_a_round_whose_attempts_cannot_be_read_hands_every_gang_back_with_the_re
     monkeypatch.undo()
     assert Launcher(source, hosts, ledger).run_once() == 2
     assert all(states(ledger, job.id) == {T.LAUNCHING} for job, _ in jobs)
+
+
+def test_gangs_placed_together_are_recorded_in_one_write_and_one_taken_back_stays_out(
+    ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round's placed gangs go to a worker CHUNK at a time and are recorded in one write;
+    a gang whose tasks were taken back meanwhile is handed back with why, and the others of
+    its write are launched."""
+    jobs = [admitted(ledger, make_spec(1, gpu=4)) for _ in range(CHUNK + 1)]
+    taken_back = jobs[1][0].id
+    ledger.preempt(taken_back, "reclaimed")
+    writes: list[list[str]] = []
+    record = ledger.record_launches
+
+    def counted(gangs: dict[str, dict[int, Placement]]) -> dict[str, str]:
+        writes.append(list(gangs))
+        return record(gangs)
+
+    monkeypatch.setattr(ledger, "record_launches", counted)
+    hosts = PoolHosts(CHUNK + 1)
+    source = ListSource([gang for _, gang in jobs])
+    assert Launcher(source, hosts, ledger).run_once() == CHUNK
+    ((gang, reason),) = source.returned
+    assert (gang.job_id, reason) == (taken_back, "1 tasks of the gang are no longer READY")
+    assert len(hosts.launched) == CHUNK
+    assert [job_id for ids in writes for job_id in ids] == [
+        job.id for job, _ in jobs if job.id != taken_back
+    ]
+    # The first CHUNK gangs went to one worker (the one taken back is refused before the
+    # write: its attempt is no longer READY), the last to another.
+    assert [len(ids) for ids in writes] == [CHUNK - 1, 1]
+    for job, _ in jobs:
+        assert states(ledger, job.id) == ({T.PENDING} if job.id == taken_back else {T.LAUNCHING})
 
 
 def test_a_recorded_gang_reports_running_through_the_same_ledger(ledger: MemoryLedger) -> None:

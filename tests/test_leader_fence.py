@@ -63,7 +63,7 @@ def test_a_deposed_leader_admits_and_places_nothing_but_the_api_still_writes(
     with pytest.raises(Deposed, match="no longer holds the leader lease"):
         manager.update_tasks(job.id, placing)
     with pytest.raises(Deposed, match="no longer holds the leader lease"):
-        manager.record_launch(job.id, {i: Placement(1, "h", "a", "e") for i in (0, 1)})
+        manager.record_launches({job.id: {i: Placement(1, "h", "a", "e") for i in (0, 1)}})
     belief.epoch = None  # its term ended on its own clock
     with pytest.raises(FailedPrecondition, match="no longer leads"):
         manager.update_tasks(job.id, placing)

@@ -86,12 +86,13 @@ class TaskUpdates(Protocol):
 class LaunchLedger(TaskUpdates, Protocol):
     """What the launcher needs: the attempts it launches, their records, unplaceable gangs."""
 
-    def record_launch(self, job_id: str, places: Mapping[int, Placement]) -> None:
-        """READY -> PLACING -> PLACED -> LAUNCHING of each task in ``places`` (instance id ->
-        where its attempt is launched), an event per step, in one write, as
-        :meth:`update_tasks` of :func:`~peloton.core.records.launch_updates` would; raises
-        FailedPrecondition and writes nothing if a task is not READY in that attempt (taken
-        back meanwhile)."""
+    def record_launches(self, gangs: Mapping[str, Mapping[int, Placement]]) -> dict[str, str]:
+        """READY -> PLACING -> PLACED -> LAUNCHING of each task of placed gangs (job id ->
+        instance id -> where its attempt is launched; one gang per job), an event per step,
+        in one write, as :meth:`update_tasks` of
+        :func:`~peloton.core.records.launch_updates` would for each. Returns the gangs refused
+        (job id -> why), nothing of them written: a task no longer READY in the attempt placed
+        (taken back meanwhile), or the job gone."""
         ...
 
     def attempts(self, job_id: str, states: Iterable[TaskState]) -> dict[int, int]:

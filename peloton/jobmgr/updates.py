@@ -20,7 +20,7 @@ from peloton.core.states import (
     check_task_transition,
     task_transition_allowed,
 )
-from peloton.errors import FailedPrecondition, NotFound
+from peloton.errors import NotFound
 from peloton.jobmgr import restarts
 from peloton.jobmgr.work import FAILURES, Part, UnitOfWork, shift
 from peloton.storage import jobs as repo
@@ -94,56 +94,37 @@ class TaskUpdates(Part):
             )
         return job
 
-    def record_launch(self, job_id: str, places: Mapping[int, Placement]) -> None:
-        """The launcher's record of a placed gang (see LaunchLedger.record_launch): what
-        :meth:`update_tasks` writes for :func:`launch_updates`, built for that case alone (no
-        rows loaded as objects, no update applied one by one: a gang's record was the launch
-        path's largest cost)."""
-        with self._ctx.job(job_id) as work:
-            self._ctx.fenced(work.session)
-            ready = repo.attempts_in(work.session, job_id, {TaskState.READY})
-            gone = sorted(i for i, p in places.items() if ready.get(i) != p.attempt)
-            if gone:
-                raise FailedPrecondition(
-                    f"{len(gone)} of the {len(places)} tasks of job {job_id} placed are no "
-                    f"longer READY in the attempt placed (instance {gone[0]} first)"
-                )
+    def record_launches(self, gangs: Mapping[str, Mapping[int, Placement]]) -> dict[str, str]:
+        """The launcher's record of placed gangs, one per job (see
+        LaunchLedger.record_launches), in one transaction for all: what :meth:`update_tasks`
+        writes for :func:`launch_updates` of each, built for that case alone (no rows loaded as
+        objects, no update applied one by one, no transaction per gang: a gang's record was
+        the launch path's largest cost). Returns the gangs refused, by job, with why."""
+        refused: dict[str, str] = {}
+        with self._ctx.db.writing() as session:
+            self._ctx.fenced(session)
+            works = self._ctx.lock_many(session, gangs)
+            ready = repo.tasks_in(session, works, TaskState.READY)
             events: list[dict[str, object]] = []
-            for i, p in places.items():
-                where = {"host": p.host, "agent_id": p.agent_id, "executor_id": p.executor_id}
-                source = TaskState.READY
-                for state, reason in LAUNCH_STEPS:
-                    repo.change_tasks(
-                        work.session,
-                        [(job_id, i)],
-                        state=state.value,
-                        reason=reason,
-                        message="",
-                        message_id=None,
-                        updated_at=work.now,
-                        **where,
+            for job_id, places in gangs.items():
+                work = works.get(job_id)
+                attempts = {i: attempt for i, attempt, _ in ready.get(job_id, [])}
+                gone = sorted(i for i, p in places.items() if attempts.get(i) != p.attempt)
+                if work is None or gone:
+                    refused[job_id] = (
+                        f"{len(gone)} of the {len(places)} tasks of job {job_id} placed are "
+                        f"no longer READY in the attempt placed (instance {gone[0]} first)"
+                        if work is not None
+                        else f"job {job_id} not found"
                     )
-                    events.append(
-                        repo.task_event(
-                            job_id,
-                            i,
-                            p.attempt,
-                            work.now,
-                            source,
-                            state,
-                            reason=reason,
-                            message="",
-                            host=p.host,
-                        )
-                    )
-                    source = state
-            source = TaskState.READY
-            for state, _ in LAUNCH_STEPS:
-                shift(work.counts, {source: len(places)}, state)
-                source = state
-            repo.insert_events(work.session, events)
-            work.derive()
-        self._ctx.after_commit(job_id)
+                    continue
+                events.extend(_launch_steps(work, places))
+                work.derive()
+            repo.insert_events(session, events)
+        for job_id in gangs:
+            if job_id not in refused:
+                self._ctx.after_commit(job_id)
+        return refused
 
     def record_progress(self, updates: Mapping[str, Sequence[TaskUpdate]]) -> list[str]:
         """Status updates of several jobs that only move launched tasks on toward running
@@ -175,6 +156,46 @@ class TaskUpdates(Part):
         for job_id in written:
             self._ctx.after_commit(job_id)
         return left
+
+
+def _launch_steps(work: UnitOfWork, places: Mapping[int, Placement]) -> list[dict[str, object]]:
+    """READY -> PLACING -> PLACED -> LAUNCHING of a gang's tasks (``places``: where each
+    attempt is launched), counted; returns their events."""
+    job_id = work.job_id
+    events: list[dict[str, object]] = []
+    for i, p in places.items():
+        where = {"host": p.host, "agent_id": p.agent_id, "executor_id": p.executor_id}
+        source = TaskState.READY
+        for state, reason in LAUNCH_STEPS:
+            repo.change_tasks(
+                work.session,
+                [(job_id, i)],
+                state=state.value,
+                reason=reason,
+                message="",
+                message_id=None,
+                updated_at=work.now,
+                **where,
+            )
+            events.append(
+                repo.task_event(
+                    job_id,
+                    i,
+                    p.attempt,
+                    work.now,
+                    source,
+                    state,
+                    reason=reason,
+                    message="",
+                    host=p.host,
+                )
+            )
+            source = state
+    source = TaskState.READY
+    for state, _ in LAUNCH_STEPS:
+        shift(work.counts, {source: len(places)}, state)
+        source = state
+    return events
 
 
 # One checked change of :meth:`TaskUpdates.record_progress`: (instance id, from, to, the task's

@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Protocol
 
 from peloton.core.containers import container_launch
@@ -45,7 +46,11 @@ log = logging.getLogger(__name__)
 
 # Gangs taken from the resource manager per round.
 BATCH = 64
-# Gangs placed and waiting for or in a launch worker, per worker, at most: the loop places the
+# Placed gangs a launch worker records in one transaction, then launches, at most: a record's
+# statements (locks, reads, writes, the commit) were most of a gang's cost on the database and
+# in the interpreter waiting for it.
+CHUNK = 4
+# Chunks placed and waiting for or in a launch worker, per worker, at most: the loop places the
 # next gangs while earlier ones are recorded and launched (waits on the database and the
 # master) without leasing hosts far ahead of the launches.
 IN_FLIGHT_PER_WORKER = 2
@@ -113,7 +118,8 @@ class Launcher:
         self._interval = interval
         self.metrics = metrics or PlacementMetrics()
         self._workers = ThreadPoolExecutor(workers, thread_name_prefix="launch")
-        self._slots = threading.BoundedSemaphore(workers * IN_FLIGHT_PER_WORKER)
+        # One per gang placed and not launched yet.
+        self._slots = threading.BoundedSemaphore(workers * IN_FLIGHT_PER_WORKER * CHUNK)
         # Gangs found to fit the cluster's hosts when empty; forgotten when the hosts change
         # (their count or total), so a gang is judged once per cluster shape.
         self._feasible: set[str] = set()
@@ -154,13 +160,13 @@ class Launcher:
     def run_once(self) -> int:
         """One round: every admitted gang is tried once. Returns how many were launched, once
         they all were (or failed)."""
-        placed = self._round()
-        return sum(1 for done in placed if done.result())
+        return sum(done.result() for done in self._round())
 
-    def _round(self) -> list[Future[bool]]:
-        """Place every admitted gang (up to BATCH) and hand each placed one to a launch
-        worker; returns their launches, each True once launched. A gang not placed, or whose
-        launch failed, is handed back to the resource manager with the reason."""
+    def _round(self) -> list[Future[int]]:
+        """Place every admitted gang (up to BATCH) and hand the placed ones to launch workers,
+        up to CHUNK gangs each; returns their launches, each the number of gangs it launched.
+        A gang not placed, or whose launch failed, is handed back to the resource manager with
+        the reason."""
         gangs = self._source.take_admitted(BATCH)
         # Demand exists while gangs wait, placeable or not (then more offers may help).
         self._hosts.set_demand(bool(gangs))
@@ -182,9 +188,14 @@ class Launcher:
         self.metrics.gpu_fragmentation.set(engine.gpu_fragmentation(offered, largest))
         snapshot = engine.Snapshot(offered)
         totals: list[Sequence[HostOffers]] = []  # the cluster's, read once per round if needed
-        placed: list[Future[bool]] = []
+        launches: list[Future[int]] = []
+        chunk: list[_Placed] = []
         for gang in gangs:
-            self._slots.acquire()  # released when its launch ends (or here if not placed)
+            # A slot per gang, released when its launch ends (or here if it is not placed).
+            # Gangs placed already go to a worker before waiting for one.
+            if not self._slots.acquire(blocking=False):
+                self._submit(chunk, launches)
+                self._slots.acquire()
             try:
                 hosts, leases = self._place(gang, snapshot)
             except _NotPlaced as exc:
@@ -194,31 +205,39 @@ class Launcher:
             # Leased hosts leave the snapshot at once, so the next gangs are placed while this
             # one is recorded and launched on a worker.
             snapshot.drop(set(leases))
-            attempts = ready.get(gang.job_id, {})
-            placed.append(self._workers.submit(self._launch_placed, gang, hosts, leases, attempts))
+            if any(p.gang.job_id == gang.job_id for p in chunk):
+                self._submit(chunk, launches)  # a record takes one gang per job
+            chunk.append(_Placed(gang, hosts, leases, ready.get(gang.job_id, {})))
+            if len(chunk) == CHUNK:
+                self._submit(chunk, launches)
+        self._submit(chunk, launches)
         self.metrics.rounds.inc()
         self.metrics.round_seconds.observe(time.perf_counter() - started)
-        return placed
+        return launches
 
-    def _launch_placed(
-        self, gang: Gang, hosts: Sequence[str], leases: dict[str, Lease], ready: dict[int, int]
-    ) -> bool:
-        """:meth:`_launch` on a worker; whether the gang was launched."""
+    def _submit(self, chunk: list[_Placed], launches: list[Future[int]]) -> None:
+        """Hand ``chunk`` (emptied) to a launch worker."""
+        if chunk:
+            launches.append(self._workers.submit(self._launch_chunk, list(chunk)))
+            chunk.clear()
+
+    def _launch_chunk(self, chunk: Sequence[_Placed]) -> int:
+        """Record placed gangs in one write and launch each, on a worker; how many were
+        launched."""
+        launched = 0
         try:
-            self._launch(gang, hosts, leases, ready)
-        except _NotPlaced as exc:
-            self._not_placed(gang, exc, [])
-            return False
+            for placed, shares, attempts in self._record(chunk):
+                if self._launch(placed, shares, attempts):
+                    launched += 1
         except Exception:
-            # A bug, not a refusal: where it stopped is unknown (the gang may be launched), so
+            # A bug, not a refusal: where it stopped is unknown (gangs may be launched), so
             # nothing is undone or retried; a daemon start sends placements left behind back.
-            log.exception("launch failed", extra={"job_id": gang.job_id})
-            return False
+            log.exception("launch failed", extra={"job_ids": [p.gang.job_id for p in chunk]})
         finally:
-            self._slots.release()
-            self.wake()  # a slot is free: gangs left waiting for one may go on
-        self._feasible.discard(gang.job_id)
-        return True
+            for _ in chunk:
+                self._slots.release()
+            self.wake()  # slots are free: gangs left waiting for one may go on
+        return launched
 
     def _not_placed(self, gang: Gang, exc: _NotPlaced, totals: list[Sequence[HostOffers]]) -> None:
         """Hand ``gang`` back with the reason, or fail it if it can never fit (``totals``: the
@@ -267,43 +286,76 @@ class Launcher:
             raise _NotPlaced(placement.reason, NO_FIT)
         return list(placement.hosts), self._lease_all(sorted(set(placement.hosts)))
 
-    def _launch(
-        self, gang: Gang, hosts: Sequence[str], leases: dict[str, Lease], ready: dict[int, int]
-    ) -> None:
-        """Record and launch a placed gang (``ready``: the attempts of its job's READY tasks);
-        on failure its leases are released."""
-        attempts: dict[int, int] = {}
+    def _record(self, chunk: Sequence[_Placed]) -> list[tuple[_Placed, Shares, dict[int, int]]]:
+        """READY -> PLACING -> PLACED -> LAUNCHING for every task of the chunk's gangs, in one
+        transaction, with where each is launched (an attempt that reached a host thus always
+        names its sandbox); returns the gangs recorded, with their hosts' tasks and attempts.
+        The others are handed back with the reason, their leases released."""
+        built: list[tuple[_Placed, Shares, dict[int, int]]] = []
+        for placed in chunk:
+            try:
+                attempts = _attempts(placed.gang, placed.ready)
+                shares = self._shares(placed, attempts)
+            except (PelotonError, _NotPlaced) as exc:
+                self._undo(placed, {}, str(exc))
+                continue
+            built.append((placed, shares, attempts))
+        if not built:
+            return []
         try:
-            attempts = _attempts(gang, ready)
-            shares = self._shares(gang, hosts, leases, attempts)
-            executors = {lease.agent_id: executor_id(tasks) for lease, tasks in shares}
-            self._record(gang, [(leases[h].hostname, h, executors[h]) for h in hosts], attempts)
-        except (PelotonError, _NotPlaced) as exc:
-            for lease in leases.values():
-                self._hosts.release(lease)
-            if attempts:
-                self._back_to_ready(gang, attempts, str(exc))
-            raise _NotPlaced(str(exc)) from exc
-        if self._leads is not None and not self._leads():
+            refused = self._jobs.record_launches(
+                {
+                    placed.gang.job_id: _places(placed, shares, attempts)
+                    for placed, shares, attempts in built
+                }
+            )
+        except PelotonError as exc:
+            refused = {placed.gang.job_id: str(exc) for placed, _, _ in built}
+        recorded = []
+        for placed, shares, attempts in built:
+            why = refused.get(placed.gang.job_id)
+            if why is None:
+                recorded.append((placed, shares, attempts))
+            else:
+                self._undo(placed, attempts, why)
+        if recorded and self._leads is not None and not self._leads():
             # Deposed since the (fenced) record: launch nothing, and write nothing either (the
             # fence would refuse it). The next leader finds these tasks LAUNCHING; Mesos never
             # saw them, so reconciliation ends them and they get new attempts.
-            for lease in leases.values():
-                self._hosts.release(lease)
-            raise _NotPlaced("this daemon no longer leads: nothing launched")
+            for placed, _, _ in recorded:
+                self._undo(placed, {}, "this daemon no longer leads: nothing launched")
+            return []
+        return recorded
+
+    def _launch(self, placed: _Placed, shares: Shares, attempts: dict[int, int]) -> bool:
+        """Launch a recorded gang; whether it was (if not, it is handed back, its tasks READY
+        again and its leases released)."""
+        gang = placed.gang
         try:
             self._hosts.launch(shares)
         except (LeaseError, PelotonError) as exc:
-            for lease in leases.values():
-                self._hosts.release(lease)
-            self._back_to_ready(gang, attempts, str(exc))
-            raise _NotPlaced(f"launch failed: {exc}") from exc
+            self._undo(placed, attempts, f"launch failed: {exc}", str(exc))
+            return False
         if gang.admitted_at:
             self.metrics.gang_seconds.observe(max(0.0, time.time() - gang.admitted_at))
         log.info(
             "gang launched",
-            extra={"job_id": gang.job_id, "tasks": gang.size, "hosts": len(leases)},
+            extra={"job_id": gang.job_id, "tasks": gang.size, "hosts": len(placed.leases)},
         )
+        self._feasible.discard(gang.job_id)
+        return True
+
+    def _undo(
+        self, placed: _Placed, attempts: dict[int, int], why: str, requeued: str = ""
+    ) -> None:
+        """A placed gang is not launched: its leases are released, its tasks (if recorded,
+        ``attempts``) READY again (``requeued``: the reason they get, else ``why``), and it goes
+        back to the resource manager with ``why``."""
+        for lease in placed.leases.values():
+            self._hosts.release(lease)
+        if attempts:
+            self._back_to_ready(placed.gang, attempts, requeued or why)
+        self._not_placed(placed.gang, _NotPlaced(why), [])
 
     def _lease_all(self, agent_ids: Sequence[str]) -> dict[str, Lease]:
         leases: dict[str, Lease] = {}
@@ -316,14 +368,9 @@ class Launcher:
             leases[agent_id] = lease
         return leases
 
-    def _shares(
-        self,
-        gang: Gang,
-        hosts: Sequence[str],
-        leases: dict[str, Lease],
-        attempts: dict[int, int],
-    ) -> list[tuple[Lease, list[LaunchTask]]]:
+    def _shares(self, placed: _Placed, attempts: dict[int, int]) -> Shares:
         """Each host's tasks, with their ports (from the host's offers) and environment."""
+        gang, hosts, leases = placed.gang, placed.hosts, placed.leases
         names = list(gang.spec.task.ports)
         per_task = gang.ports_per_task
         on_host = Counter(hosts)
@@ -367,20 +414,6 @@ class Launcher:
             )
         return [(leases[h], tasks) for h, tasks in by_host.items()]
 
-    def _record(
-        self, gang: Gang, places: Sequence[tuple[str, str, str]], attempts: dict[int, int]
-    ) -> None:
-        """READY -> PLACING -> PLACED -> LAUNCHING for every task, in one transaction, with
-        where each is launched (``places``: hostname, agent id, executor id per task): an
-        attempt that reached a host thus always names its sandbox."""
-        self._jobs.record_launch(
-            gang.job_id,
-            {
-                i: Placement(attempts[i], *place)
-                for i, place in zip(gang.instances, places, strict=True)
-            },
-        )
-
     def _back_to_ready(self, gang: Gang, attempts: dict[int, int], why: str) -> None:
         try:
             self._jobs.update_tasks(
@@ -392,6 +425,31 @@ class Launcher:
             )
         except PelotonError:
             log.exception("could not requeue a gang whose launch failed")
+
+
+# Each host's tasks of a gang: what the host manager launches, one task group per host.
+Shares = list[tuple[Lease, list[LaunchTask]]]
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """A gang placed on hosts (each task's agent id, in rank order) and their leases, and the
+    attempts of its job's READY tasks (read with its round)."""
+
+    gang: Gang
+    hosts: list[str]
+    leases: dict[str, Lease]
+    ready: dict[int, int]
+
+
+def _places(placed: _Placed, shares: Shares, attempts: dict[int, int]) -> dict[int, Placement]:
+    """Where each task's attempt is launched: hostname, agent id and executor id."""
+    executors = {lease.agent_id: executor_id(tasks) for lease, tasks in shares}
+    leases = placed.leases
+    return {
+        i: Placement(attempts[i], leases[h].hostname, h, executors[h])
+        for i, h in zip(placed.gang.instances, placed.hosts, strict=True)
+    }
 
 
 def _attempts(gang: Gang, ready: dict[int, int]) -> dict[int, int]:
