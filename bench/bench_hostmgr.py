@@ -64,9 +64,9 @@ class Gangs:
         taken, self.gangs = self.gangs[:limit], self.gangs[limit:]
         return taken
 
-    def return_admitted(self, gang: Gang, reason: str) -> None:
-        self.returned += 1
-        self.gangs.append(gang)
+    def return_admitted(self, returned: Sequence[tuple[Gang, str]]) -> None:
+        self.returned += len(returned)
+        self.gangs.extend(gang for gang, _ in returned)
 
 
 def wait(pred: Any, timeout: float, what: str) -> float:

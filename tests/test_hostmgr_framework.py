@@ -178,9 +178,9 @@ class ListSource:
         taken, self.gangs = self.gangs[:limit], self.gangs[limit:]
         return taken
 
-    def return_admitted(self, gang: Gang, reason: str) -> None:
-        self.returned.append((gang, reason))
-        self.gangs.append(gang)
+    def return_admitted(self, returned: Sequence[tuple[Gang, str]]) -> None:
+        self.returned.extend(returned)
+        self.gangs.extend(gang for gang, _ in returned)
 
 
 @pytest.fixture

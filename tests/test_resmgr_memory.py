@@ -182,3 +182,29 @@ def test_the_cycle_writes_only_through_the_ledger_protocol() -> None:
     assert h.counts(low) == {"PREEMPTING": 4}
     assert set(calls) <= allowed
     assert {"admit_pending", "set_pending_reasons", "fail_pending", "preempt"} <= set(calls)
+
+
+def test_gangs_handed_back_together_are_queued_again_with_their_reasons_in_one_write() -> None:
+    """Placement hands a round's unplaced gangs back at once: their reasons are written in
+    one write (not one per gang), each is handed out again, but a killed job's is not."""
+    h = Harness.in_memory(CLUSTER16)
+    jobs = [h.submit("/default", 2) for _ in range(3)]
+    h.cycle()
+    gangs = h.rm.take_admitted(10)
+    assert [g.job_id for g in gangs] == jobs
+    h.jobs.kill_job(jobs[2])
+    h.cycle()  # the resource manager learns of the kill
+    writes: list[dict[str, tuple[str, str]]] = []
+    real = h.jobs.set_pending_reasons
+
+    def recording(reasons: dict[str, tuple[str, str]]) -> None:
+        writes.append(dict(reasons))
+        real(reasons)
+
+    h.jobs.set_pending_reasons = recording  # type: ignore[method-assign]
+    h.rm.return_admitted([(g, f"no room for {g.job_id[:4]}") for g in gangs])
+    assert writes == [{g.job_id: ("placement", f"no room for {g.job_id[:4]}") for g in gangs}]
+    for job_id in jobs[:2]:
+        job = h.jobs.get_job(job_id)
+        assert (job.reason, job.message) == ("placement", f"no room for {job_id[:4]}")
+    assert [g.job_id for g in h.rm.take_admitted(10)] == jobs[:2]

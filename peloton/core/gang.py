@@ -89,9 +89,11 @@ class AdmittedGangs(Protocol):
         """Up to ``limit`` admitted gangs, highest priority first; each is handed out once."""
         ...
 
-    def return_admitted(self, gang: Gang, reason: str) -> None:
-        """Placement could not place ``gang`` now; offer it again later. ``reason`` says why
-        (e.g. ``needs 2 hosts with 4 free GPUs; 1 has``) and becomes the job's pending reason."""
+    def return_admitted(self, returned: Sequence[tuple[Gang, str]]) -> None:
+        """Placement could not place these gangs now, each ``(gang, reason)``; offer them again
+        later. The reason says why (e.g. ``needs 2 hosts with 4 free GPUs; 1 has``) and becomes
+        the job's pending reason (a round's gangs come back together: their reasons are written
+        at once)."""
         ...
 
 

@@ -177,8 +177,7 @@ class Launcher:
             # The attempts the gangs launch, read once for the round; the record checks them.
             ready = self._jobs.ready_attempts(dict.fromkeys(g.job_id for g in gangs))
         except PelotonError as exc:
-            for gang in gangs:
-                self._source.return_admitted(gang, str(exc))
+            self._source.return_admitted([(gang, str(exc)) for gang in gangs])
             return []
         # One snapshot per round (taking one costs a pass over every host); hosts this round
         # leased are left out of it for the next gangs, and a later round's snapshot leaves out
@@ -190,6 +189,7 @@ class Launcher:
         totals: list[Sequence[HostOffers]] = []  # the cluster's, read once per round if needed
         launches: list[Future[int]] = []
         chunk: list[_Placed] = []
+        returned: list[tuple[Gang, str]] = []  # handed back together at the end of the round
         for gang in gangs:
             # A slot per gang, released when its launch ends (or here if it is not placed).
             # Gangs placed already go to a worker before waiting for one.
@@ -200,7 +200,7 @@ class Launcher:
                 hosts, leases = self._place(gang, snapshot)
             except _NotPlaced as exc:
                 self._slots.release()
-                self._not_placed(gang, exc, totals)
+                self._not_placed(gang, exc, totals, returned)
                 continue
             # Leased hosts leave the snapshot at once, so the next gangs are placed while this
             # one is recorded and launched on a worker.
@@ -211,6 +211,7 @@ class Launcher:
             if len(chunk) == CHUNK:
                 self._submit(chunk, launches)
         self._submit(chunk, launches)
+        self._source.return_admitted(returned)
         self.metrics.rounds.inc()
         self.metrics.round_seconds.observe(time.perf_counter() - started)
         return launches
@@ -225,23 +226,31 @@ class Launcher:
         """Record placed gangs in one write and launch each, on a worker; how many were
         launched."""
         launched = 0
+        returned: list[tuple[Gang, str]] = []
         try:
-            for placed, shares, attempts in self._record(chunk):
-                if self._launch(placed, shares, attempts):
+            for placed, shares, attempts in self._record(chunk, returned):
+                if self._launch(placed, shares, attempts, returned):
                     launched += 1
         except Exception:
             # A bug, not a refusal: where it stopped is unknown (gangs may be launched), so
             # nothing is undone or retried; a daemon start sends placements left behind back.
             log.exception("launch failed", extra={"job_ids": [p.gang.job_id for p in chunk]})
         finally:
+            self._source.return_admitted(returned)
             for _ in chunk:
                 self._slots.release()
             self.wake()  # slots are free: gangs left waiting for one may go on
         return launched
 
-    def _not_placed(self, gang: Gang, exc: _NotPlaced, totals: list[Sequence[HostOffers]]) -> None:
-        """Hand ``gang`` back with the reason, or fail it if it can never fit (``totals``: the
-        cluster's hosts if read already this round)."""
+    def _not_placed(
+        self,
+        gang: Gang,
+        exc: _NotPlaced,
+        totals: list[Sequence[HostOffers]],
+        returned: list[tuple[Gang, str]],
+    ) -> None:
+        """Add ``gang`` with the reason to those to hand back (``returned``), or fail it if it
+        can never fit (``totals``: the cluster's hosts if read already this round)."""
         if exc.kind == NO_FIT:
             if not totals:
                 totals.append(self._totals())
@@ -251,7 +260,7 @@ class Launcher:
                 self._fail(gang, never)
                 return
         self.metrics.failures.labels(exc.kind).inc()
-        self._source.return_admitted(gang, str(exc))
+        returned.append((gang, str(exc)))
 
     def _totals(self) -> Sequence[HostOffers]:
         """The cluster's hosts with their totals (once per round, when a gang did not fit)."""
@@ -286,7 +295,9 @@ class Launcher:
             raise _NotPlaced(placement.reason, NO_FIT)
         return list(placement.hosts), self._lease_all(sorted(set(placement.hosts)))
 
-    def _record(self, chunk: Sequence[_Placed]) -> list[tuple[_Placed, Shares, dict[int, int]]]:
+    def _record(
+        self, chunk: Sequence[_Placed], returned: list[tuple[Gang, str]]
+    ) -> list[tuple[_Placed, Shares, dict[int, int]]]:
         """READY -> PLACING -> PLACED -> LAUNCHING for every task of the chunk's gangs, in one
         transaction, with where each is launched (an attempt that reached a host thus always
         names its sandbox); returns the gangs recorded, with their hosts' tasks and attempts.
@@ -297,7 +308,7 @@ class Launcher:
                 attempts = _attempts(placed.gang, placed.ready)
                 shares = self._shares(placed, attempts)
             except (PelotonError, _NotPlaced) as exc:
-                self._undo(placed, {}, str(exc))
+                self._undo(placed, {}, str(exc), returned)
                 continue
             built.append((placed, shares, attempts))
         if not built:
@@ -317,24 +328,30 @@ class Launcher:
             if why is None:
                 recorded.append((placed, shares, attempts))
             else:
-                self._undo(placed, attempts, why)
+                self._undo(placed, attempts, why, returned)
         if recorded and self._leads is not None and not self._leads():
             # Deposed since the (fenced) record: launch nothing, and write nothing either (the
             # fence would refuse it). The next leader finds these tasks LAUNCHING; Mesos never
             # saw them, so reconciliation ends them and they get new attempts.
             for placed, _, _ in recorded:
-                self._undo(placed, {}, "this daemon no longer leads: nothing launched")
+                self._undo(placed, {}, "this daemon no longer leads: nothing launched", returned)
             return []
         return recorded
 
-    def _launch(self, placed: _Placed, shares: Shares, attempts: dict[int, int]) -> bool:
+    def _launch(
+        self,
+        placed: _Placed,
+        shares: Shares,
+        attempts: dict[int, int],
+        returned: list[tuple[Gang, str]],
+    ) -> bool:
         """Launch a recorded gang; whether it was (if not, it is handed back, its tasks READY
         again and its leases released)."""
         gang = placed.gang
         try:
             self._hosts.launch(shares)
         except (LeaseError, PelotonError) as exc:
-            self._undo(placed, attempts, f"launch failed: {exc}", str(exc))
+            self._undo(placed, attempts, f"launch failed: {exc}", returned, str(exc))
             return False
         if gang.admitted_at:
             self.metrics.gang_seconds.observe(max(0.0, time.time() - gang.admitted_at))
@@ -346,16 +363,21 @@ class Launcher:
         return True
 
     def _undo(
-        self, placed: _Placed, attempts: dict[int, int], why: str, requeued: str = ""
+        self,
+        placed: _Placed,
+        attempts: dict[int, int],
+        why: str,
+        returned: list[tuple[Gang, str]],
+        requeued: str = "",
     ) -> None:
         """A placed gang is not launched: its leases are released, its tasks (if recorded,
-        ``attempts``) READY again (``requeued``: the reason they get, else ``why``), and it goes
-        back to the resource manager with ``why``."""
+        ``attempts``) READY again (``requeued``: the reason they get, else ``why``), and it is
+        added to those to hand back (``returned``) with ``why``."""
         for lease in placed.leases.values():
             self._hosts.release(lease)
         if attempts:
             self._back_to_ready(placed.gang, attempts, requeued or why)
-        self._not_placed(placed.gang, _NotPlaced(why), [])
+        self._not_placed(placed.gang, _NotPlaced(why), [], returned)
 
     def _lease_all(self, agent_ids: Sequence[str]) -> dict[str, Lease]:
         leases: dict[str, Lease] = {}

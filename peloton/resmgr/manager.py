@@ -554,12 +554,19 @@ class ResourceManager:
             self._admitted = deque(rest)
             return taken
 
-    def return_admitted(self, gang: Gang, reason: str) -> None:
-        """Placement could not place ``gang`` now; it stays admitted and is offered again."""
+    def return_admitted(self, returned: Sequence[tuple[Gang, str]]) -> None:
+        """Placement could not place these gangs now: they stay admitted and are offered
+        again; their reasons are written in one transaction (one per gang held up the launcher
+        while a full cluster waited for offers)."""
+        if not returned:
+            return
         with self._lock:
-            if self._still_admitted(gang):
-                self._admitted.append(gang)
-        self._jobs.set_pending_reasons({gang.job_id: ("placement", reason)})
+            for gang, _ in returned:
+                if self._still_admitted(gang):
+                    self._admitted.append(gang)
+        self._jobs.set_pending_reasons(
+            {gang.job_id: ("placement", reason) for gang, reason in returned}
+        )
 
     def _still_admitted(self, gang: Gang) -> bool:
         view = self._views.get(gang.job_id)

@@ -437,7 +437,7 @@ class Simulation:
                     self._fail_unplaceable(r, never)
                     failed += 1
                 else:
-                    self.rm.return_admitted(gang, placement.reason)
+                    self.rm.return_admitted([(gang, placement.reason)])
                 continue
             if gang.admitted_at:
                 self.placement_delays.append(max(0.0, self._clock() - gang.admitted_at))
