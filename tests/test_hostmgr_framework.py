@@ -679,3 +679,42 @@ def test_a_subscription_revives_offers_a_leader_before_may_have_filtered(
     master.subscribed("fw-1")
     assert hostmgr.wait_connected(10)
     master.wait_call("REVIVE")
+
+
+def test_offers_wake_placement_at_once_while_the_worker_writes_status_updates(
+    master: ScriptedMaster,
+    hostmgr: HostManager,
+    jobs: JobManager,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While gangs wait, new offers wake placement as they arrive, not after the status
+    updates queued before them on the host manager's worker are written."""
+    job, _ = admitted_gang(master, hostmgr, jobs, make_spec(1, gpu=1))
+    for state in (TaskState.PLACING, TaskState.PLACED, TaskState.LAUNCHING):
+        jobs.update_tasks(job.id, [TaskUpdate(0, 1, state, host="h1")])
+    writing, release = threading.Event(), threading.Event()
+    record = jobs.record_progress
+
+    def slow(updates: Any) -> list[str]:
+        writing.set()
+        assert release.wait(30), "the test never released the write"
+        return record(updates)
+
+    monkeypatch.setattr(jobs, "record_progress", slow)
+    woken = threading.Event()
+    hostmgr.add_offer_listener(woken.set)
+    hostmgr.set_demand(True)
+    master.update(attempt_id(job.id, 0, 1), "TASK_RUNNING")
+    assert writing.wait(10), "the status update never reached the write"
+    master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o9", "a9", "h9")]}})
+    try:
+        assert woken.wait(10), "placement was not woken while the worker was busy"
+        assert not release.is_set()
+    finally:
+        release.set()
+    wait_for(
+        lambda: jobs.get_task(job.id, 0)[0].state == TaskState.RUNNING,
+        10,
+        "the update written once released",
+        state=lambda: jobs.list_tasks(job.id)[0],
+    )

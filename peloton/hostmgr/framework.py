@@ -298,6 +298,11 @@ class HostManager:
         self.metrics.offers_received.inc(len(offers))
         self.pool.add(offers)
         self.metrics.offers_held.set(self.pool.held())
+        if self._demand:
+            # Gangs wait for these: placement looks at once, not after the batch of status
+            # updates queued before them on the worker is written (up to a second of a full
+            # cluster's launches, which come with each of the master's allocations).
+            self._tell_offer_listeners()
         # Host records are updated on the worker, in order with the status updates that came
         # before these offers: resources a task freed are then no longer counted as used when
         # they show up in an offer (the total would be overestimated).
@@ -404,6 +409,9 @@ class HostManager:
             if not self._capacity[1]:
                 self._suppress()
         self._check_capacity()
+        self._tell_offer_listeners()
+
+    def _tell_offer_listeners(self) -> None:
         for listener in list(self._offer_listeners):
             listener()
 
@@ -465,7 +473,9 @@ class HostManager:
     # ------------------------------------------------------------------ demand (placement)
 
     def add_offer_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` (on the worker thread) whenever new offers arrived."""
+        """Call ``listener`` whenever new offers arrived: on the thread that reads the
+        master's events while placement has demand (at once), and on the worker after the
+        offers are accounted for. It must be quick and safe from any thread (a wake-up)."""
         self._offer_listeners.append(listener)
 
     def set_demand(self, demand: bool) -> None:
