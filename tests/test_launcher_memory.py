@@ -239,6 +239,29 @@ def test_gangs_placed_together_are_recorded_in_one_write_and_one_taken_back_stay
         assert states(ledger, job.id) == ({T.PENDING} if job.id == taken_back else {T.LAUNCHING})
 
 
+def test_a_daemon_deposed_among_a_chunk_s_launches_launches_none_of_the_rest(
+    ledger: MemoryLedger,
+) -> None:
+    """The launcher asks whether this daemon still leads right before each gang's launch: one
+    deposed while a chunk launches (paused, then resumed past its term) launches none of the
+    gangs after that, and hands them back with why, their leases released."""
+    jobs = [admitted(ledger, make_spec(1, gpu=4)) for _ in range(3)]
+    hosts = PoolHosts(3)
+    answers = iter([True])  # leads for the first launch only
+
+    def leads() -> bool:
+        return next(answers, False)
+
+    source = ListSource([gang for _, gang in jobs])
+    assert Launcher(source, hosts, ledger, leads=leads).run_once() == 1
+    assert len(hosts.launched) == 1
+    assert [why for _, why in source.returned] == [
+        "this daemon no longer leads: nothing launched"
+    ] * 2
+    assert hosts.pool.leased_hosts() == set()
+    assert [states(ledger, job.id) for job, _ in jobs] == [{T.LAUNCHING}] * 3
+
+
 def test_a_recorded_gang_reports_running_through_the_same_ledger(ledger: MemoryLedger) -> None:
     """What the host manager writes next (status updates) lands on what the launcher wrote."""
     job, gang = admitted(ledger, make_spec(2, gpu=4))

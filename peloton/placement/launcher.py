@@ -329,13 +329,6 @@ class Launcher:
                 recorded.append((placed, shares, attempts))
             else:
                 self._undo(placed, attempts, why, returned)
-        if recorded and self._leads is not None and not self._leads():
-            # Deposed since the (fenced) record: launch nothing, and write nothing either (the
-            # fence would refuse it). The next leader finds these tasks LAUNCHING; Mesos never
-            # saw them, so reconciliation ends them and they get new attempts.
-            for placed, _, _ in recorded:
-                self._undo(placed, {}, "this daemon no longer leads: nothing launched", returned)
-            return []
         return recorded
 
     def _launch(
@@ -348,6 +341,14 @@ class Launcher:
         """Launch a recorded gang; whether it was (if not, it is handed back, its tasks READY
         again and its leases released)."""
         gang = placed.gang
+        if self._leads is not None and not self._leads():
+            # Deposed since the (fenced) record: launch nothing, and write nothing either (the
+            # fence would refuse it). The next leader finds these tasks LAUNCHING; Mesos never
+            # saw them, so reconciliation ends them and they get new attempts. Asked right
+            # before each gang's launch: a chunk's launches take a while, and a leader paused
+            # among them must not go on with the rest when it resumes.
+            self._undo(placed, {}, "this daemon no longer leads: nothing launched", returned)
+            return False
         try:
             self._hosts.launch(shares)
         except (LeaseError, PelotonError) as exc:
