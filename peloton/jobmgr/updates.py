@@ -228,13 +228,9 @@ def _progress(
             continue
         if not task_transition_allowed(current, u.state):
             return None
-        changes: dict[str, object] = {"state": u.state.value, "updated_at": now}
-        if u.reason or u.message:
-            changes.update(reason=u.reason, message=u.message, message_id=None)
-        placed = {"host": u.host, "agent_id": u.agent_id, "executor_id": u.executor_id}
-        changes.update((k, v) for k, v in placed.items() if v)
-        if u.state == TaskState.RUNNING and task["started_at"] is None:
-            changes["started_at"] = now
+        changes = _changes(u, now, task["started_at"] is not None)
+        if "message" in changes:
+            changes["message_id"] = None  # its own message replaces a shared one (as set_task)
         event = repo.task_event(
             job_id,
             u.instance_id,
@@ -347,14 +343,7 @@ def _apply(work: UnitOfWork, task: TaskRow, u: TaskUpdate) -> list[dict[str, obj
         return []
     check_task_transition(current, u.state)
     now = work.now
-    changes: dict[str, object] = {"state": u.state.value, "updated_at": now}
-    if u.reason or u.message:
-        changes.update(reason=u.reason, message=u.message)
-    # Where it was placed or launched; "" leaves what is recorded.
-    placed = {"host": u.host, "agent_id": u.agent_id, "executor_id": u.executor_id}
-    changes.update((k, v) for k, v in placed.items() if v)
-    if u.state == TaskState.RUNNING and task.started_at is None:
-        changes["started_at"] = now
+    changes = _changes(u, now, task.started_at is not None)
     if u.state in TASK_TERMINAL:
         changes["ended_at"] = now
         if u.state in FAILURES and task.goal == Goal.RUN and restarts.counts(u.reason):
@@ -369,6 +358,19 @@ def _apply(work: UnitOfWork, task: TaskRow, u: TaskUpdate) -> list[dict[str, obj
         events.append(_new_attempt(work, task, *why))
         shift(work.counts, {u.state: 1}, TaskState.PENDING, new_attempt=True)
     return events
+
+
+def _changes(u: TaskUpdate, now: datetime, started: bool) -> dict[str, object]:
+    """What an update changes of its task's row (``started``: the attempt has a start time)."""
+    changes: dict[str, object] = {"state": u.state.value, "updated_at": now}
+    if u.reason or u.message:
+        changes.update(reason=u.reason, message=u.message)
+    # Where it was placed or launched; "" leaves what is recorded.
+    placed = {"host": u.host, "agent_id": u.agent_id, "executor_id": u.executor_id}
+    changes.update((k, v) for k, v in placed.items() if v)
+    if u.state == TaskState.RUNNING and not started:
+        changes["started_at"] = now
+    return changes
 
 
 def _new_attempt(
