@@ -38,3 +38,12 @@ class Unavailable(PelotonError):
 
 class ResourceExhausted(PelotonError):
     """A per-client or server-wide quota (e.g. open watches) is used up; retry later."""
+
+
+class Unauthenticated(PelotonError):
+    """The call carries no identity the daemon accepts (no or a bad certificate or token)."""
+
+
+class PermissionDenied(PelotonError):
+    """The caller is known but lacks the permission the call needs; the message names the
+    caller, the permission and the pool."""

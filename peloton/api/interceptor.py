@@ -27,7 +27,9 @@ from sqlalchemy.exc import OperationalError
 
 from peloton import errors
 from peloton.api import limits
+from peloton.api.caller import acting_as, set_caller
 from peloton.api.peers import client_of
+from peloton.core.access import ANONYMOUS, Caller
 from peloton.metrics import Metrics
 from peloton.storage.deadline import RpcScope, scoped
 
@@ -44,7 +46,30 @@ CODES: dict[type[errors.PelotonError], grpc.StatusCode] = {
     errors.Conflict: grpc.StatusCode.ABORTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
+
+# Who calls an RPC: (the full method name, e.g. /peloton.v1.JobService/CreateJob, the context)
+# -> the caller; raises errors.Unauthenticated. Runs on the event loop: it must not block.
+Authenticate = Callable[[str, Context], Caller]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one unary RPC ended: what the audit trail records."""
+
+    method: str  # the full method name
+    caller: Caller
+    peer: str  # the client's address as gRPC gives it (ipv4:1.2.3.4:5678)
+    request: Any  # the request message, or Malformed
+    code: grpc.StatusCode
+    message: str  # the status details ("" when OK)
+    at: float  # when the RPC began (time.time())
+
+
+# Records an Outcome; called on a worker thread, and the client's answer waits for it.
+Audit = Callable[[Outcome], None]
 
 
 # A client's malformed requests are logged at most once per this many seconds.
@@ -115,10 +140,18 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     RPCs, run on ``executor`` under an :class:`RpcScope` bounded by the client's deadline, so
     that the event loop only ever waits; asynchronous ones (WatchJob, health) run on the loop."""
 
-    def __init__(self, metrics: Metrics, executor: Executor) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        executor: Executor,
+        authenticate: Authenticate | None = None,
+        audit: Audit | None = None,
+    ) -> None:
         self._metrics = metrics
         self._executor = executor
         self._malformed = MalformedLog()
+        self._authenticate = authenticate
+        self._audit = audit
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
@@ -126,16 +159,17 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method.rsplit("/", 1)[-1]
+        full = handler_call_details.method
+        method = full.rsplit("/", 1)[-1]
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                self._unary(method, handler.unary_unary),
+                self._unary(full, method, handler.unary_unary),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._stream(method, handler.unary_stream),
+                self._stream(full, method, handler.unary_stream),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
@@ -155,6 +189,27 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         self._finish(method, code, started)
         await context.abort(code, message)
 
+    async def _identify(self, full: str, method: str, context: Context, started: float) -> Caller:
+        """Who calls (anonymous without authentication); UNAUTHENTICATED if nobody known."""
+        if self._authenticate is None:
+            return ANONYMOUS
+        try:
+            return self._authenticate(full, context)
+        except errors.Unauthenticated as exc:
+            await self._fail(method, exc, context, started)
+            raise  # not reached: _fail aborts
+
+    async def _record(self, outcome: Outcome, wait: bool) -> None:
+        """Hand ``outcome`` to the audit trail on a worker thread; the RPC's answer waits for
+        it unless the RPC was cancelled (nobody waits for that answer)."""
+        if self._audit is None:
+            return
+        future = asyncio.get_running_loop().run_in_executor(
+            self._executor, _audited, self._audit, outcome
+        )
+        if wait:
+            await future
+
     async def _check(self, method: str, request: Any, context: Context, started: float) -> None:
         """Refuse a request the edge rejects: malformed bytes (logged by :class:`MalformedLog`
         alone) or a field out of bounds."""
@@ -170,8 +225,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 
     def _aborted(self, method: str, context: Context, started: float) -> None:
         """The handler ended the RPC itself (health's NOT_FOUND): count what it answered."""
-        code = context.code()
-        self._finish(method, code if isinstance(code, grpc.StatusCode) else _UNKNOWN, started)
+        self._finish(method, _code_of(context), started)
 
     @asynccontextmanager
     async def _answering(
@@ -194,33 +248,64 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             self._finish(method, grpc.StatusCode.OK, started)
 
     def _unary(
-        self, method: str, behavior: Callable[[Any, Any], Any]
+        self, full: str, method: str, behavior: Callable[[Any, Any], Any]
     ) -> Callable[[Any, Context], Awaitable[Any]]:
         asynchronous = inspect.iscoroutinefunction(behavior)
 
         async def run(request: Any, context: Context) -> Any:
             started = time.perf_counter()
-            await self._check(method, request, context, started)
-            # The database work is bounded by the client's deadline, and cut if the RPC ends
-            # (cancelled, past its deadline: the server cancels this coroutine) before it does.
-            scope = RpcScope(context.time_remaining())
-            async with self._answering(method, context, started):
-                try:
-                    if asynchronous:
-                        response = await behavior(request, context)
-                    else:
-                        call = partial(_in_scope, scope, behavior, request, context)
-                        response = await asyncio.get_running_loop().run_in_executor(
-                            self._executor, call
-                        )
-                finally:
-                    scope.end()
-            return response
+            began = time.time()
+            caller = ANONYMOUS
+            code, message = grpc.StatusCode.OK, ""
+            try:
+                caller = await self._identify(full, method, context, started)
+                await self._check(method, request, context, started)
+                return await self._serve(
+                    method, behavior, asynchronous, caller, request, context, started
+                )
+            except grpc.aio.AbortError:
+                code, message = _code_of(context), context.details() or ""
+                raise
+            except (asyncio.CancelledError, GeneratorExit):
+                code, message = grpc.StatusCode.CANCELLED, "cancelled"
+                raise
+            finally:
+                outcome = Outcome(full, caller, context.peer(), request, code, message, began)
+                await self._record(outcome, wait=code != grpc.StatusCode.CANCELLED)
 
         return run
 
+    async def _serve(
+        self,
+        method: str,
+        behavior: Callable[[Any, Any], Any],
+        asynchronous: bool,
+        caller: Caller,
+        request: Any,
+        context: Context,
+        started: float,
+    ) -> Any:
+        """Run a unary handler as ``caller``: a coroutine on the loop, a synchronous one on a
+        worker thread."""
+        # The database work is bounded by the client's deadline, and cut if the RPC ends
+        # (cancelled, past its deadline: the server cancels this coroutine) before it does.
+        scope = RpcScope(context.time_remaining())
+        async with self._answering(method, context, started):
+            try:
+                if asynchronous:
+                    set_caller(caller)  # each RPC is a task of its own, with its own context
+                    response = await behavior(request, context)
+                else:
+                    call = partial(_in_scope, scope, caller, behavior, request, context)
+                    response = await asyncio.get_running_loop().run_in_executor(
+                        self._executor, call
+                    )
+            finally:
+                scope.end()
+        return response
+
     def _stream(
-        self, method: str, behavior: Callable[[Any, Any], AsyncIterator[Any]]
+        self, full: str, method: str, behavior: Callable[[Any, Any], AsyncIterator[Any]]
     ) -> Callable[[Any, Context], AsyncIterator[Any]]:
         if not inspect.isasyncgenfunction(behavior):
             # A synchronous stream would hold a worker thread for as long as it is open.
@@ -228,7 +313,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 
         async def run(request: Any, context: Context) -> AsyncIterator[Any]:
             started = time.perf_counter()
+            caller = await self._identify(full, method, context, started)
             await self._check(method, request, context, started)
+            set_caller(caller)  # each RPC is a task of its own, with its own context
             async with self._answering(method, context, started):
                 async for response in behavior(request, context):
                     yield response
@@ -239,9 +326,23 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 _UNKNOWN = grpc.StatusCode.UNKNOWN
 
 
+def _code_of(context: Context) -> grpc.StatusCode:
+    code = context.code()
+    return code if isinstance(code, grpc.StatusCode) else _UNKNOWN
+
+
 def _in_scope(
-    scope: RpcScope, behavior: Callable[[Any, Any], Any], request: Any, context: Any
+    scope: RpcScope, caller: Caller, behavior: Callable[[Any, Any], Any], request: Any, context: Any
 ) -> Any:
-    """Run a synchronous handler on a worker thread, its database work under ``scope``."""
-    with scoped(scope):
+    """Run a synchronous handler on a worker thread as ``caller``, its database work under
+    ``scope``."""
+    with scoped(scope), acting_as(caller):
         return behavior(request, context)
+
+
+def _audited(audit: Audit, outcome: Outcome) -> None:
+    """Record ``outcome``; a trail that fails is logged, never the RPC's failure."""
+    try:
+        audit(outcome)
+    except Exception:
+        log.exception("audit record failed", extra={"method": outcome.method})
