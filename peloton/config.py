@@ -228,6 +228,10 @@ class ServerConfig:
         "less than four fifths of the lease's time to live.",
         min=0.01,
     )
+    # ---- security: TLS and identity (README "Security")
+    # ---- security: authorization
+    # ---- security: run-as users
+    # ---- end of security
 
     def __post_init__(self) -> None:
         # A config file gives strings; the rest of peloton wants a Path.

@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from peloton.api.interceptor import ServiceInterceptor
+from peloton.api.interceptor import Audit, Authenticate, ServiceInterceptor
 from peloton.api.watches import WatchHub, WatchMetrics, WatchQuotas
 from peloton.errors import Unavailable
 from peloton.metrics import Metrics
@@ -38,9 +38,13 @@ class GrpcServer:
         quotas: WatchQuotas,
         changed_after: Callable[[int], Mapping[str, int]],
         newest: Callable[[], int],
+        authenticate: Authenticate | None = None,
+        audit: Audit | None = None,
     ) -> None:
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc")
         self._metrics = metrics
+        self._authenticate = authenticate
+        self._audit = audit
         self._loop = asyncio.new_event_loop()
         # Held by stop() while it begins and by set_health(), so that nothing waits on a loop
         # that has stopped.
@@ -70,7 +74,9 @@ class GrpcServer:
 
     async def _make_server(self) -> grpc.aio.Server:
         return grpc.aio.server(
-            interceptors=[ServiceInterceptor(self._metrics, self.executor)],
+            interceptors=[
+                ServiceInterceptor(self._metrics, self.executor, self._authenticate, self._audit)
+            ],
             options=[("grpc.so_reuseport", 0)],
         )
 
