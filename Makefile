@@ -87,6 +87,7 @@ test-mesos: $(STAMP)
 bench: $(STAMP)
 	scripts/ensure-postgres.sh
 	$(PY) -m bench.bench_jobs
+	$(PY) -m bench.bench_security
 	$(PY) -m bench.bench_watches
 	$(PY) -m bench.bench_resmgr
 	$(PY) -m bench.bench_hostmgr

@@ -5,6 +5,8 @@ time, so one build works with or without GPUs. Where the real headers exist (ncc
 nvidia-nccl-cu12/cu13 wheel or NCCL_HOME, cuda_runtime_api.h from CUDA_HOME or /usr/local/cuda)
 they are used (PELOTON_HAVE_NCCL_H / PELOTON_HAVE_CUDA_H) so the compiler checks our declarations
 against them; otherwise csrc/nccl_api.h spells out the few ABI-stable declarations it needs.
+OpenSSL's libcrypto (the gang handshake's HMAC-SHA256, csrc/auth.cc) is linked in statically
+from libssl-dev, its symbols hidden (see libcrypto).
 
 `python setup.py build_cpp_tests` builds the runtime's C++ unit tests (csrc/tests, doctest) with
 the extension's compiler flags plus -Werror into build/cpp-tests/collective_tests;
@@ -62,6 +64,23 @@ def cuda_include() -> str | None:
     return str(home) if (home / "cuda_runtime_api.h").is_file() else None
 
 
+def cxx() -> list[str]:
+    """The C++ compiler command (CXX, else Python's)."""
+    return shlex.split(os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++")
+
+
+def libcrypto() -> str:
+    """OpenSSL's libcrypto as a static archive (the gang handshake's HMAC-SHA256): linked into
+    the extension and the bundle's library with its symbols hidden, so the runtime needs no
+    OpenSSL in the task's image and clashes with none loaded beside it (Python's own)."""
+    found = subprocess.run(
+        [*cxx(), "-print-file-name=libcrypto.a"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if not Path(found).is_absolute():
+        raise ExecError("the collective runtime links OpenSSL's libcrypto.a: install libssl-dev")
+    return found
+
+
 include_dirs = [str(CSRC)]
 macros: list[tuple[str, str | None]] = []
 if (cuda := cuda_include()) is not None:
@@ -80,13 +99,8 @@ core = Pybind11Extension(
     define_macros=macros,
     cxx_std=17,
     extra_compile_args=CXX_FLAGS,
-    extra_link_args=["-pthread", "-ldl"],
+    extra_link_args=[libcrypto(), "-Wl,--exclude-libs,ALL", "-pthread", "-ldl"],
 )
-
-
-def cxx() -> list[str]:
-    """The C++ compiler command (CXX, else Python's)."""
-    return shlex.split(os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++")
 
 
 def compile_objects(
@@ -153,7 +167,7 @@ class BuildCppTests(Command):
             lambda src: newest_header if src.name != "test_main.cc" else 0.0,
         )
         binary = out / "collective_tests"
-        link = [*cxx(), *CXX_FLAGS, *map(str, objects), "-o", str(binary), "-ldl"]
+        link = [*cxx(), *CXX_FLAGS, *map(str, objects), "-o", str(binary), libcrypto(), "-ldl"]
         subprocess.run(link, check=True)
         self.announce(f"built {binary}", level=2)
 
@@ -262,6 +276,7 @@ class BuildBundle(Command):
                 "-Wl,-z,defs",
                 "-Wl,--exclude-libs,ALL",
                 f"-Wl,--version-script={CAPI / 'exports.map'}",
+                libcrypto(),
                 *cxx_runtime,
                 *glibc_extras,
             ],

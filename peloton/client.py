@@ -21,6 +21,12 @@ status is raised as it is. ``create_job`` then sends a request id
 first attempt created; ``restart_job``, which is not idempotent, moves on only when the daemon
 could not be connected to at all; ``watch_job`` resumes on the next daemon after the last event it
 passed on.
+
+Transport security (README "Security"): ``tls=Tls.from_files(ca_file, cert_file, key_file)``
+connects over TLS, verifying the daemon's certificate with that CA, and shows a client
+certificate where the daemon asks for one (mutual TLS); ``token=`` sends ``authorization: Bearer
+<token>`` metadata with every call. A token goes only over TLS or to a loopback address: the
+client refuses to send one in clear text across the network.
 """
 
 from __future__ import annotations
@@ -29,12 +35,25 @@ import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
 import grpc
 
-from peloton.v1 import host_pb2, host_pb2_grpc, job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
+from peloton.errors import InvalidArgument
+from peloton.security.loopback import is_loopback
+from peloton.v1 import (
+    audit_pb2,
+    audit_pb2_grpc,
+    host_pb2,
+    host_pb2_grpc,
+    job_pb2,
+    job_pb2_grpc,
+    pool_pb2,
+    pool_pb2_grpc,
+)
 
 R = TypeVar("R")
 DEFAULT_PORT = 5392
@@ -109,27 +128,106 @@ def _error(exc: grpc.RpcError) -> ClientError:
     return ClientError(code, details or code.name)
 
 
+def _read(option: str, path: str | Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidArgument(option, f"cannot read {path}: {exc.strerror}") from None
+
+
+@dataclass(frozen=True)
+class Tls:
+    """TLS to the daemons: the CA (PEM) their certificates are verified with (None: the
+    system's roots), and for mutual TLS this client's certificate and key (PEM)."""
+
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise InvalidArgument(
+                "cert_file", "a client certificate needs its key, and a key its certificate"
+            )
+
+    @classmethod
+    def from_files(
+        cls,
+        ca_file: str | Path | None = None,
+        cert_file: str | Path | None = None,
+        key_file: str | Path | None = None,
+    ) -> Tls:
+        """Read the PEM files; one that cannot be read is an InvalidArgument naming it."""
+        return cls(
+            _read("ca_file", ca_file) if ca_file else None,
+            _read("cert_file", cert_file) if cert_file else None,
+            _read("key_file", key_file) if key_file else None,
+        )
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+
+
+def _hosts_of(target: str) -> list[str]:
+    """The hosts a gRPC target dials (a Unix socket is ``localhost``)."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return ["localhost"]
+    if "://" in target:  # dns:///host:port, dns://resolver/host:port
+        target = target.split("://", 1)[1].rsplit("/", 1)[-1]
+    hosts = []
+    for part in target.removeprefix("ipv4:").removeprefix("ipv6:").split(","):
+        if part.startswith("["):
+            hosts.append(part[1 : part.find("]")])
+        else:
+            hosts.append(part.rpartition(":")[0] if ":" in part else part)
+    return hosts
+
+
+def _token_metadata(
+    address: str, tls: Tls | None, token: str | None
+) -> tuple[tuple[str, str], ...]:
+    """The metadata that carries ``token`` to ``address``: refused without TLS unless the
+    address is loopback. Sent with each call rather than as call credentials, which gRPC allows
+    over TLS only: one way for both."""
+    if not token:
+        return ()
+    if tls is None and not all(is_loopback(h) for h in _hosts_of(address)):
+        raise InvalidArgument(
+            "token",
+            f"a bearer token is sent only over TLS or to a loopback address, and {address} is "
+            "neither: give the daemon's CA (--ca-file, PELOTON_CA_FILE)",
+        )
+    return (("authorization", f"Bearer {token}"),)
+
+
 @dataclass(frozen=True)
 class _Daemon:
-    """One daemon's channel and stubs."""
+    """One daemon's channel, stubs and the metadata every call sends it."""
 
     address: str
     channel: grpc.Channel
+    metadata: tuple[tuple[str, str], ...]
     jobs: job_pb2_grpc.JobServiceStub
     pools: pool_pb2_grpc.PoolServiceStub
     hosts: host_pb2_grpc.HostServiceStub
+    audit: audit_pb2_grpc.AuditServiceStub
 
     @classmethod
-    def open(cls, address: str) -> _Daemon:
-        channel = grpc.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        )
+    def open(cls, address: str, tls: Tls | None, token: str | None) -> _Daemon:
+        metadata = _token_metadata(address, tls, token)
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        if tls is None:
+            channel = grpc.insecure_channel(address, options=options)
+        else:
+            channel = grpc.secure_channel(address, tls.credentials(), options=options)
         return cls(
             address,
             channel,
+            metadata,
             job_pb2_grpc.JobServiceStub(channel),
             pool_pb2_grpc.PoolServiceStub(channel),
             host_pb2_grpc.HostServiceStub(channel),
+            audit_pb2_grpc.AuditServiceStub(channel),
         )
 
 
@@ -147,13 +245,22 @@ def _unsent(error: ClientError) -> bool:
 class PelotonClient:
     """Typed methods for every RPC; ``timeout`` (seconds) bounds each unary call (each attempt,
     when one fails over). ``server`` is ``HOST[:PORT]`` (port 5392 by default) or several of them
-    separated by commas, else PELOTON_SERVER, else 127.0.0.1:5392."""
+    separated by commas, else PELOTON_SERVER, else 127.0.0.1:5392. ``tls``: connect over TLS
+    (see :class:`Tls`); ``token``: a bearer token sent with every call (over TLS or to a loopback
+    address only: InvalidArgument otherwise)."""
 
-    def __init__(self, server: str | None = None, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        server: str | None = None,
+        *,
+        timeout: float = 30.0,
+        tls: Tls | None = None,
+        token: str | None = None,
+    ) -> None:
         self.addresses = server_addresses(server or default_server())
         self.server = ",".join(self.addresses)
         self.timeout = timeout
-        self._daemons = [_Daemon.open(address) for address in self.addresses]
+        self._daemons = [_Daemon.open(address, tls, token) for address in self.addresses]
         self._current = 0  # the daemon that answered last: calls start there
 
     @property
@@ -257,7 +364,8 @@ class PelotonClient:
         while True:
             daemon = self._daemons[index]
             stream = daemon.jobs.WatchJob(
-                job_pb2.WatchJobRequest(job_id=job_id, after_sequence=last)
+                job_pb2.WatchJobRequest(job_id=job_id, after_sequence=last),
+                metadata=daemon.metadata,
             )
             terminal = False
             try:
@@ -380,6 +488,38 @@ class PelotonClient:
         )
         return self._call(lambda d: d.hosts.GetTaskGpus, request)
 
+    # ------------------------------------------------------------------ audit
+
+    def list_audit_records(
+        self,
+        *,
+        user: str = "",
+        method: str = "",
+        target: str = "",
+        code: str = "",
+        since: datetime | None = None,
+        until: datetime | None = None,
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> audit_pb2.ListAuditRecordsResponse:
+        """One page of the audit trail's records, newest first; pass ``next_page_token`` back
+        for the next one. ``method`` is a full method name or an RPC's name (KillJob), ``code``
+        a status code's name; ``since`` (inclusive) and ``until`` (exclusive) are aware
+        datetimes."""
+        request = audit_pb2.ListAuditRecordsRequest(
+            user=user,
+            method=method,
+            target=target,
+            code=code,
+            page_size=page_size,
+            page_token=page_token,
+        )
+        if since is not None:
+            request.since.FromDatetime(since)
+        if until is not None:
+            request.until.FromDatetime(until)
+        return self._call(lambda d: d.audit.ListAuditRecords, request)
+
     # ------------------------------------------------------------------ plumbing
 
     def _call(
@@ -398,7 +538,8 @@ class PelotonClient:
         for attempt in range(count):
             index = (start + attempt) % count
             try:
-                result = method(self._daemons[index])(request, timeout=self.timeout)
+                daemon = self._daemons[index]
+                result = method(daemon)(request, timeout=self.timeout, metadata=daemon.metadata)
             except grpc.RpcError as exc:
                 error = _error(exc)
                 retry = (resend and error.code in _FAILOVER) or (

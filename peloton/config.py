@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from peloton.core.access import Principal, parse_admins
 from peloton.core.containers import DEFAULT_RUNTIME_IMAGE, parse_image
 from peloton.core.term import LeaseTiming
 from peloton.errors import InvalidArgument
@@ -129,6 +130,15 @@ class ServerConfig:
         show_default=False,
         mesos="principal",
     )
+    # The secret is read from a file at start (never from a flag: /proc/PID/cmdline is public).
+    mesos_secret_file: str = option(
+        "",
+        help="File holding the secret of mesos_principal, for a master that authenticates "
+        "frameworks (HTTP Basic); others must not be able to read it [default: none, no "
+        "authentication].",
+        show_default=False,
+        mesos="secret_file",
+    )
     # FrameworkInfo.user: agents (--switch_user, their default) run tasks as this user, who must
     # exist on every agent. Empty: the user the daemon runs as.
     mesos_user: str = option(
@@ -229,8 +239,77 @@ class ServerConfig:
         min=0.01,
     )
     # ---- security: TLS and identity (README "Security")
+    # TLS on the gRPC API and /metrics; both files or neither.
+    tls_cert_file: str = option(
+        "",
+        help="PEM certificate (chain) the gRPC API and /metrics serve TLS with [default: no TLS].",
+        show_default=False,
+    )
+    tls_key_file: str = option("", help="PEM private key of tls_cert_file.", show_default=False)
+    # Mutual TLS: every connection must show a certificate this CA signed (health included).
+    tls_client_ca_file: str = option(
+        "",
+        help="PEM CA bundle; clients must show a certificate it signed (mutual TLS), whose "
+        "subject CN is the user and OUs the groups [default: no client certificates].",
+        show_default=False,
+    )
+    auth_tokens_file: str = option(
+        "",
+        help="YAML file of bearer tokens (their SHA-256) with each one's user and groups; "
+        "re-read when it changes [default: none].",
+        show_default=False,
+    )
+    jwt_issuer: str = option(
+        "",
+        help="Accept JWTs (OIDC ID or access tokens) from this issuer (iss) [default: none].",
+        show_default=False,
+    )
+    jwt_audience: str = option(
+        "", help="The audience (aud) JWTs must name; required with jwt_issuer.", show_default=False
+    )
+    jwt_jwks_url: str = option(
+        "",
+        help="URL of the issuer's JWKS (fetched in the background and refreshed); or "
+        "jwt_keys_file.",
+        show_default=False,
+    )
+    jwt_keys_file: str = option(
+        "",
+        help="Local JWKS (JSON) or PEM public key that JWTs are verified with.",
+        show_default=False,
+    )
+    jwt_jwks_refresh_seconds: float = option(
+        300.0, help="How often jwt_jwks_url is fetched again (key rotation).", min=1
+    )
+    jwt_user_claim: str = option("sub", help="JWT claim that names the user.")
+    jwt_groups_claim: str = option("groups", help="JWT claim that lists the user's groups.")
+    reflection_open: bool = option(
+        False,
+        help="With authentication on: serve gRPC reflection to anyone (else not at all). "
+        "Without authentication reflection is always served.",
+    )
+    allow_anonymous: bool = option(
+        False,
+        help="Serve without authentication on an address other than loopback (refused otherwise).",
+    )
     # ---- security: authorization
+    # Admin on every pool and on the cluster (hosts, top-level pools, the audit trail); other
+    # callers have what pool grants give them (README "Pools and permissions").
+    admins: str = option(
+        "",
+        help="Cluster admins: comma-separated user:NAME and group:NAME (user:ops,group:sre) "
+        "[default: none].",
+        show_default=False,
+    )
     # ---- security: run-as users
+    # Who may run tasks as which Unix user (JobSpec.user); empty: anyone as anyone, as Mesos
+    # without a run_tasks ACL. Re-read when it changes.
+    run_as_file: str = option(
+        "",
+        help="YAML allow-list of the Unix users each caller may run tasks as "
+        "[default: none, any user is allowed].",
+        show_default=False,
+    )
     # ---- end of security
 
     def __post_init__(self) -> None:
@@ -244,6 +323,12 @@ class ServerConfig:
             LeaseTiming(self.leader_lease_ttl_seconds, self.leader_lease_renew_seconds)
         except ValueError as exc:
             raise InvalidArgument("leader_lease_renew_seconds", str(exc)) from None
+        parse_admins(self.admins)  # InvalidArgument names the entry: admins[i]
+
+    @property
+    def admin_principals(self) -> frozenset[Principal]:
+        """The cluster admins the ``admins`` option names."""
+        return parse_admins(self.admins)
 
     @property
     def database_url(self) -> str:

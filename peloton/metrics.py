@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -58,7 +60,39 @@ class Metrics:
     def add_collector(self, collector: Collector) -> None:
         self.registry.register(collector)
 
-    def serve(self, host: str, port: int) -> WSGIServer:
-        """Serve /metrics over HTTP in a background thread; returns the server (port 0: any)."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve(
+        self,
+        host: str,
+        port: int,
+        *,
+        certfile: str = "",
+        keyfile: str = "",
+        client_cafile: str = "",
+    ) -> WSGIServer:
+        """Serve /metrics in a background thread; returns the server (port 0: any). With
+        ``certfile`` and ``keyfile`` over HTTPS, and with ``client_cafile`` only to scrapers
+        that show a certificate that CA signed."""
+        server, _thread = start_http_server(
+            port,
+            addr=host,
+            registry=self.registry,
+            certfile=certfile or None,
+            keyfile=keyfile or None,
+            client_cafile=client_cafile or None,
+            client_auth_required=bool(client_cafile),
+        )
+        if certfile:
+            # The library's accepting thread would run each TLS handshake itself, so one client
+            # that connects and sends nothing would hold every scrape up: each connection's own
+            # thread runs it instead (on its first read), and a failed one is logged, not
+            # printed with a traceback.
+            server.socket.do_handshake_on_connect = False  # type: ignore[attr-defined]
+            server.handle_error = _connection_failed  # type: ignore[method-assign,assignment]
         return server
+
+
+def _connection_failed(_request: object, client_address: tuple[Any, ...]) -> None:
+    """A scrape connection that failed (a TLS handshake refused, a client gone); called by the
+    server while the exception is handled."""
+    error = sys.exc_info()[1]
+    log.info("metrics connection failed", extra={"client": client_address[0], "error": str(error)})

@@ -16,6 +16,8 @@ import grpc
 from grpc_health.v1 import health_pb2
 from sqlalchemy.engine import make_url
 
+from peloton.api.audit import AuditMetrics, AuditService, AuditTrail
+from peloton.api.authz import Authorizer, AuthzMetrics
 from peloton.api.grpc_server import GrpcServer, ServingStatus
 from peloton.api.host_service import HostService
 from peloton.api.job_service import JobService
@@ -39,6 +41,8 @@ from peloton.metrics import Metrics, StateCounts
 from peloton.resmgr.admission import NO_HOSTS_YET
 from peloton.resmgr.manager import ResourceManager
 from peloton.resmgr.metrics import ResmgrMetrics
+from peloton.security.edge import EdgeSecurity
+from peloton.security.runas import RunAsMetrics, run_as_policy
 from peloton.storage import jobs as job_repo
 from peloton.storage import migrate
 from peloton.storage.db import Database, make_engine
@@ -50,7 +54,16 @@ from peloton.storage.leases import (
 )
 from peloton.storage.pools import SqlPoolStore
 from peloton.storage.probe import DatabaseProbe
-from peloton.v1 import host_pb2, host_pb2_grpc, job_pb2, job_pb2_grpc, pool_pb2, pool_pb2_grpc
+from peloton.v1 import (
+    audit_pb2,
+    audit_pb2_grpc,
+    host_pb2,
+    host_pb2_grpc,
+    job_pb2,
+    job_pb2_grpc,
+    pool_pb2,
+    pool_pb2_grpc,
+)
 
 if TYPE_CHECKING:  # pymesos is imported only when a Mesos master is configured
     from peloton.hostmgr.framework import HostManager
@@ -73,6 +86,7 @@ SERVICE_NAMES = (
     job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
     pool_pb2.DESCRIPTOR.services_by_name["PoolService"].full_name,
     host_pb2.DESCRIPTOR.services_by_name["HostService"].full_name,
+    audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
 )
 
 
@@ -115,8 +129,10 @@ class LeaderPoolService(PoolService):
     """Pools change only through the leader, whose resource manager decides with them at once;
     a follower serves pool reads (it re-reads the pools the leader writes)."""
 
-    def __init__(self, resmgr: ResourceManager, leads: Callable[[], bool]) -> None:
-        super().__init__(resmgr)
+    def __init__(
+        self, resmgr: ResourceManager, authz: Authorizer, leads: Callable[[], bool]
+    ) -> None:
+        super().__init__(resmgr, authz)
         self._leads = leads
 
     def CreatePool(
@@ -147,19 +163,20 @@ class LeaderHostService(HostService):
         self,
         hosts: HostRegistry,
         jobs: JobManager,
+        authz: Authorizer,
         hostmgr: HostManager | None,
         leads: Callable[[], bool],
         stored: Callable[[], HostRegistry],
     ) -> None:
-        super().__init__(hosts, jobs, hostmgr)
+        super().__init__(hosts, jobs, authz, hostmgr)
         self._leads = leads
         self._stored = stored
 
     def _reads(self) -> HostService:
         """What answers host reads: the leader's registry, or the database's view."""
         if self._leads():
-            return HostService(self._hosts, self._jobs, self._hostmgr)
-        return HostService(self._stored(), self._jobs)
+            return HostService(self._hosts, self._jobs, self._authz, self._hostmgr)
+        return HostService(self._stored(), self._jobs, self._authz)
 
     def ListHosts(
         self, request: host_pb2.ListHostsRequest, context: grpc.ServicerContext
@@ -203,6 +220,7 @@ class Server:
         self._grpc: GrpcServer | None = None
         self._probe: DatabaseProbe | None = None
         self._metrics_http: object | None = None
+        self._security: EdgeSecurity | None = None
         self._elector: Elector | None = None
         self._sync: Sync | None = None
         self._kills: LeaderKills | None = None
@@ -214,6 +232,11 @@ class Server:
         self._started = False  # start() finished: there is a running daemon to log about
 
     def start(self) -> None:
+        # Checked first: an exposed daemon without authentication, or a certificate, key or
+        # tokens file it cannot use, stops it before it opens anything.
+        self._security = security = EdgeSecurity.from_config(self.config, self.metrics.registry)
+        # Read first: a run-as file that breaks a rule stops the daemon before it opens anything.
+        run_as = run_as_policy(self.config.run_as_file, RunAsMetrics(self.metrics.registry))
         url = self.config.database_url
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         db = Database.from_url(url, self.config.db_timeouts)
@@ -254,16 +277,23 @@ class Server:
             WatchQuotas(self.config.max_watches, self.config.max_watches_per_client),
             self.jobs.jobs_changed_after,
             self.jobs.newest_event,
+            authenticate=security.authenticator,
+            audit=AuditTrail(db, AuditMetrics(self.metrics.registry), self.config.daemon_id),
         )
         self.jobs.events.subscribe(self._grpc.watches.publish)
         server = self._grpc.server
+        # Every daemon of several decides from the pool tree it serves (re-read from the
+        # database as the leader changes it).
+        authz = Authorizer(
+            self.config.admin_principals, self.resmgr.pool_tree, AuthzMetrics(self.metrics.registry)
+        )
         job_pb2_grpc.add_JobServiceServicer_to_server(
-            JobService(self.jobs, self._grpc.watches), server
+            JobService(self.jobs, self._grpc.watches, run_as, authz=authz), server
         )
         pools = (
-            LeaderPoolService(self.resmgr, self.leads)
+            LeaderPoolService(self.resmgr, authz, self.leads)
             if self.config.daemon_id
-            else PoolService(self.resmgr)
+            else PoolService(self.resmgr, authz)
         )
         pool_pb2_grpc.add_PoolServiceServicer_to_server(pools, server)
         assert self.hosts is not None
@@ -271,19 +301,25 @@ class Server:
             LeaderHostService(
                 self.hosts,
                 self.jobs,
+                authz,
                 self.hostmgr,
                 self.leads,
                 lambda: HostRegistry.as_stored(SqlHostStore(db), lambda: datetime.now(UTC)),
             )
             if self.config.daemon_id
-            else HostService(self.hosts, self.jobs, self.hostmgr)
+            else HostService(self.hosts, self.jobs, authz, self.hostmgr)
         )
         host_pb2_grpc.add_HostServiceServicer_to_server(hosts, server)
+        audit_pb2_grpc.add_AuditServiceServicer_to_server(AuditService(db, authz), server)
         address = f"{self.config.grpc_host}:{self.config.grpc_port}"
-        self.grpc_port = self._grpc.bind(address, SERVICE_NAMES)
+        self.grpc_port = self._grpc.bind(
+            address, SERVICE_NAMES, security.grpc_credentials, security.serve_reflection
+        )
         metrics_address = f"{self.config.metrics_host}:{self.config.metrics_port}"
         try:
-            http = self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
+            http = self.metrics.serve(
+                self.config.metrics_host, self.config.metrics_port, **security.metrics_tls()
+            )
         except OSError as exc:
             raise Unavailable(f"cannot listen on {metrics_address}: {exc.strerror}") from exc
         self._metrics_http = http
@@ -296,6 +332,7 @@ class Server:
             self.resmgr.load_pools()
         else:
             self._start_scheduling()
+        security.start()
         self._grpc.start()
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if self.config.daemon_id:
@@ -507,6 +544,8 @@ class Server:
             # Ends the watches; RPCs still running after grace are cancelled, and their
             # queries with them.
             self._grpc.stop(grace)
+        if self._security is not None:
+            self._security.stop()
         if self._probe is not None:
             self._probe.stop()
         if self.db is not None:

@@ -238,6 +238,8 @@ def run_peloton(
         cmd += ["--server", server]
     cmd += list(args)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PELOTON_")}
+    # Nor the client config file of whoever runs the tests (~/.config/peloton/client.yaml).
+    full_env["XDG_CONFIG_HOME"] = "/nonexistent"
     full_env.update(env or {})
     return subprocess.run(
         cmd,

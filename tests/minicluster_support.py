@@ -127,9 +127,16 @@ class RawScheduler:
     """A v1 scheduler over plain http.client: the event stream is read by a thread into a list;
     :meth:`take` waits for the next event of a type."""
 
-    def __init__(self, address: str, info: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        info: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """``headers``: sent with every request too (e.g. ``Authorization``)."""
         self.address = address
         self.info = info or framework_info()
+        self.headers = dict(headers or {})
         self.framework_id: str | None = None
         self.stream_id: str | None = None
         self.response_headers: dict[str, str] = {}
@@ -154,7 +161,11 @@ class RawScheduler:
             "POST",
             "/api/v1/scheduler",
             body=json.dumps(call),
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
+            headers={
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+                **self.headers,
+            },
         )
         self._sock = self._conn.sock
         resp = self._conn.getresponse()
@@ -246,7 +257,11 @@ class RawScheduler:
         if self._calls is None:
             host, port = self.address.rsplit(":", 1)
             self._calls = http.client.HTTPConnection(host, int(port), timeout=10)
-        headers = {"Content-Type": "application/json", "Mesos-Stream-Id": self.stream_id or ""}
+        headers = {
+            "Content-Type": "application/json",
+            "Mesos-Stream-Id": self.stream_id or "",
+            **self.headers,
+        }
         try:
             self._calls.request("POST", "/api/v1/scheduler", json.dumps(call), headers)
             resp = self._calls.getresponse()

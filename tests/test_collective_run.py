@@ -4,6 +4,7 @@ signal handling with real processes, and remote ranks through a stand-in for ssh
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -145,6 +146,9 @@ def test_each_rank_gets_the_gang_environment_and_prefixed_output() -> None:
     peers = envs[0]["PELOTON_PEERS"].split(",")
     assert len(peers) == 3 and len(set(peers)) == 3
     assert all(p.startswith("127.0.0.1:") for p in peers)
+    # One new gang secret for the run, the same for every rank.
+    secrets = {env.pop("PELOTON_GANG_SECRET") for env in envs.values()}
+    assert len(secrets) == 1 and re.fullmatch(r"[0-9a-f]{64}", secrets.pop())
     for r, env in envs.items():
         assert env == {
             "PELOTON_RANK": str(r),

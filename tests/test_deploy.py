@@ -272,6 +272,33 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     assert result.stdout + result.stderr == ""
 
 
+def test_systemd_unit_with_its_credentials_verifies(tmp_path: Path) -> None:
+    """The unit's commented secrets, switched on as its comment says, still verify."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed here")
+    text = UNIT.read_text().replace("/usr/local/bin/peloton", PELOTON)
+    credentials = [line for line in text.splitlines() if line.startswith("#LoadCredential=")]
+    assert [line.split("=", 1)[1].split(":", 1)[0] for line in credentials] == [
+        "server.key",
+        "mesos-secret",
+    ]
+    flags = "--tls-key-file %d/server.key --mesos-secret-file %d/mesos-secret"
+    assert flags in " ".join(text.replace("#", " ").split())  # as the comment words it
+    for line in credentials:
+        text = text.replace(line, line[1:])
+    text = text.replace(
+        "--config /etc/peloton/peloton.yaml", f"--config /etc/peloton/peloton.yaml {flags}"
+    )
+    rendered = tmp_path / "peloton.service"
+    rendered.write_text(text)
+    result = subprocess.run(
+        [analyze, "verify", str(rendered)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout + result.stderr == ""
+
+
 # ---------------------------------------------------------------------------- PostgreSQL
 
 

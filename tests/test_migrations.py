@@ -35,6 +35,7 @@ TABLES = {
     "frameworks",
     "leader_leases",
     "daemons",
+    "audit_records",
 }
 # The tables of revision PREVIOUS.
 PREVIOUS_TABLES = {"jobs", "job_labels", "tasks", "job_events"}

@@ -459,7 +459,7 @@ def test_a_failing_call_is_answered_500_not_dropped(
 ) -> None:
     sched = RawScheduler(minicluster.address).subscribe()
 
-    def broken(call: dict[str, Any], stream_id: str | None) -> None:
+    def broken(call: dict[str, Any], stream_id: str | None, principal: str | None) -> None:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(minicluster.master, "call", broken)

@@ -58,6 +58,7 @@ def job_pb(job: JobRecord) -> job_pb2.Job:
         ],
         version=job.version,
         elastic=_elastic_pb(job),
+        owner=job.owner,
     )
 
 

@@ -85,15 +85,26 @@ class GrpcServer:
         """Where services are added (before start)."""
         return self._server
 
-    def bind(self, address: str, service_names: tuple[str, ...]) -> int:
+    def bind(
+        self,
+        address: str,
+        service_names: tuple[str, ...],
+        credentials: grpc.ServerCredentials | None = None,
+        serve_reflection: bool = True,
+    ) -> int:
         """Listen on ``address`` (port 0: any free) once the services were added, with health
-        and reflection; returns the port. Nothing is served before start()."""
+        and (unless ``serve_reflection`` is false) reflection, over TLS with ``credentials``,
+        else plaintext; returns the port. Nothing is served before start()."""
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        reflection.enable_server_reflection(
-            (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
-        )
+        if serve_reflection:
+            reflection.enable_server_reflection(
+                (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+            )
         try:
-            port = self._server.add_insecure_port(address)
+            if credentials is None:
+                port = self._server.add_insecure_port(address)
+            else:
+                port = self._server.add_secure_port(address, credentials)
         except RuntimeError as exc:
             raise Unavailable(f"cannot listen on {address}: {exc}") from exc
         return port

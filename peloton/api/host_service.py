@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from peloton.api.authz import Authorizer, method_name
 from peloton.api.convert import timestamp
 from peloton.core.containers import container_launch, runs_in_shell
 from peloton.core.hosts import HostState, HostView
@@ -28,6 +29,13 @@ MAX_LOG_BYTES = 1024 * 1024
 MAX_GPU_REPORT_BYTES = 4096
 # How much of a report that names no indices its reason quotes.
 QUOTED_REPORT_CHARS = 80
+
+LIST_HOSTS = method_name("HostService", "ListHosts")
+GET_HOST = method_name("HostService", "GetHost")
+DRAIN_HOST = method_name("HostService", "DrainHost")
+UNDRAIN_HOST = method_name("HostService", "UndrainHost")
+GET_TASK_LOGS = method_name("HostService", "GetTaskLogs")
+GET_TASK_GPUS = method_name("HostService", "GetTaskGpus")
 
 
 def host_pb(view: HostView) -> host_pb2.Host:
@@ -55,15 +63,21 @@ class HostService(host_pb2_grpc.HostServiceServicer):
     """Thin servicer over the host registry (and the host manager for sandboxes)."""
 
     def __init__(
-        self, hosts: HostRegistry, jobs: JobManager, hostmgr: HostManager | None = None
+        self,
+        hosts: HostRegistry,
+        jobs: JobManager,
+        authz: Authorizer,
+        hostmgr: HostManager | None = None,
     ) -> None:
         self._hosts = hosts
         self._jobs = jobs
+        self._authz = authz
         self._hostmgr = hostmgr
 
     def ListHosts(
         self, request: host_pb2.ListHostsRequest, context: grpc.ServicerContext
     ) -> host_pb2.ListHostsResponse:
+        self._authz.check(LIST_HOSTS)
         known = {s.value for s in HostState}
         for i, state in enumerate(request.states):
             if state not in known:
@@ -77,17 +91,20 @@ class HostService(host_pb2_grpc.HostServiceServicer):
     def GetHost(
         self, request: host_pb2.GetHostRequest, context: grpc.ServicerContext
     ) -> host_pb2.GetHostResponse:
+        self._authz.check(GET_HOST)
         return host_pb2.GetHostResponse(host=host_pb(self._hosts.get(_hostname(request.hostname))))
 
     def DrainHost(
         self, request: host_pb2.DrainHostRequest, context: grpc.ServicerContext
     ) -> host_pb2.DrainHostResponse:
+        self._authz.check(DRAIN_HOST)
         view = self._hosts.set_draining(_hostname(request.hostname), True)
         return host_pb2.DrainHostResponse(host=host_pb(view))
 
     def UndrainHost(
         self, request: host_pb2.UndrainHostRequest, context: grpc.ServicerContext
     ) -> host_pb2.UndrainHostResponse:
+        self._authz.check(UNDRAIN_HOST)
         view = self._hosts.set_draining(_hostname(request.hostname), False)
         return host_pb2.UndrainHostResponse(host=host_pb(view))
 
@@ -102,6 +119,7 @@ class HostService(host_pb2_grpc.HostServiceServicer):
             raise InvalidArgument("length", f"at most {MAX_LOG_BYTES} (got {request.length})")
         if request.previous and request.attempt:
             raise InvalidArgument("previous", "cannot be combined with attempt: give one of them")
+        self._authz.check_job_id(GET_TASK_LOGS, request.job_id, self._jobs.get_job)
         task, events = self._jobs.get_task(request.job_id, request.instance_id)
         chosen = pick_attempt(task, events, request.attempt, request.previous)
         address, framework_id, executor_id = self._sandbox(chosen)
@@ -130,10 +148,13 @@ class HostService(host_pb2_grpc.HostServiceServicer):
     ) -> host_pb2.GetTaskGpusResponse:
         if not request.job_id:
             raise InvalidArgument("job_id", "is required")
+        # Read first (NOT_FOUND for an unknown job): a job's spec never changes once created,
+        # so it is what every attempt was launched with.
+        job = self._jobs.get_job(request.job_id)
+        self._authz.check_job(GET_TASK_GPUS, job)
         task, events = self._jobs.get_task(request.job_id, request.instance_id)
         chosen = pick_attempt(task, events, request.attempt, previous=False)
-        # A job's spec never changes once created: it is what every attempt was launched with.
-        spec = self._jobs.get_job(request.job_id).spec.task
+        spec = job.spec.task
         answer = host_pb2.GetTaskGpusResponse(
             task_id=chosen.id, attempt=chosen.attempt, requested=int(spec.resources.gpu)
         )

@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn, cast
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -256,22 +256,34 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             started = time.perf_counter()
             began = time.time()
             caller = ANONYMOUS
-            code, message = grpc.StatusCode.OK, ""
-            try:
-                caller = await self._identify(full, method, context, started)
-                await self._check(method, request, context, started)
-                return await self._serve(
-                    method, behavior, asynchronous, caller, request, context, started
-                )
-            except grpc.aio.AbortError:
-                code, message = _code_of(context), context.details() or ""
-                raise
-            except (asyncio.CancelledError, GeneratorExit):
-                code, message = grpc.StatusCode.CANCELLED, "cancelled"
-                raise
-            finally:
+            recorded = False
+
+            async def record(code: grpc.StatusCode, message: str) -> None:
+                nonlocal recorded
+                recorded = True
                 outcome = Outcome(full, caller, context.peer(), request, code, message, began)
                 await self._record(outcome, wait=code != grpc.StatusCode.CANCELLED)
+
+            # grpc sends an abort's status at once: the outcome is recorded before, so that a
+            # refused call, like any other, is answered once the trail holds it.
+            ctx = context if self._audit is None else cast(Context, _RecordedAbort(context, record))
+            try:
+                caller = await self._identify(full, method, ctx, started)
+                await self._check(method, request, ctx, started)
+                response = await self._serve(
+                    method, behavior, asynchronous, caller, request, ctx, started
+                )
+            except (asyncio.CancelledError, GeneratorExit):
+                if not recorded:
+                    await record(grpc.StatusCode.CANCELLED, "cancelled")
+                raise
+            except Exception:
+                # An abort recorded itself; anything else escaped (grpc answers UNKNOWN).
+                if not recorded:
+                    await record(grpc.StatusCode.UNKNOWN, "unexpected error; see the server log")
+                raise
+            await record(grpc.StatusCode.OK, "")
+            return response
 
         return run
 
@@ -338,6 +350,26 @@ def _in_scope(
     ``scope``."""
     with scoped(scope), acting_as(caller):
         return behavior(request, context)
+
+
+class _RecordedAbort:
+    """An RPC's context whose abort() first awaits ``before(code, details)``; everything else
+    is the context's own."""
+
+    def __init__(
+        self, context: Context, before: Callable[[grpc.StatusCode, str], Awaitable[None]]
+    ) -> None:
+        self._context = context
+        self._before = before
+
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()
+    ) -> NoReturn:
+        await self._before(code, details)
+        await self._context.abort(code, details, trailing_metadata)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
 
 
 def _audited(audit: Audit, outcome: Outcome) -> None:

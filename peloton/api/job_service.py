@@ -8,12 +8,16 @@ from functools import partial
 import grpc
 
 from peloton.api import convert
+from peloton.api.authz import Authorizer, method_name
+from peloton.api.caller import current_caller
 from peloton.api.interceptor import Context
 from peloton.api.watches import WatchHub
 from peloton.core.records import EventRecord, JobFilter, JobRecord, TaskRecord
+from peloton.core.spec import DEFAULT_POOL
 from peloton.core.states import JOB_TERMINAL, JobState
 from peloton.errors import InvalidArgument
 from peloton.jobmgr.manager import JobManager
+from peloton.security.runas import AnyUser, RunAsPolicy
 from peloton.storage.jobs import encode_token
 from peloton.v1 import job_pb2, job_pb2_grpc
 
@@ -24,24 +28,52 @@ LIST_TASKS_BUDGET = 3 * 1024 * 1024
 # events, up to 10,000 with a 1 KiB message each, would exceed a default client's 4 MiB).
 GET_TASK_BUDGET = 3 * 1024 * 1024
 
+CREATE_JOB = method_name("JobService", "CreateJob")
+GET_JOB = method_name("JobService", "GetJob")
+LIST_JOBS = method_name("JobService", "ListJobs")
+KILL_JOB = method_name("JobService", "KillJob")
+RESTART_JOB = method_name("JobService", "RestartJob")
+DELETE_JOB = method_name("JobService", "DeleteJob")
+GET_TASK = method_name("JobService", "GetTask")
+LIST_TASKS = method_name("JobService", "ListTasks")
+WATCH_JOB = method_name("JobService", "WatchJob")
+
 
 class JobService(job_pb2_grpc.JobServiceServicer):
-    def __init__(self, jobs: JobManager, watches: WatchHub) -> None:
+    def __init__(
+        self,
+        jobs: JobManager,
+        watches: WatchHub,
+        run_as: RunAsPolicy | None = None,
+        *,
+        authz: Authorizer,
+    ) -> None:
         self._jobs = jobs
         self._watches = watches
+        self._run_as = run_as or AnyUser()
+        self._authz = authz
+
+    def _allow(self, method: str, job_id: str) -> None:
+        """Refuse ``method`` on the job unless the caller may."""
+        self._authz.check_job_id(method, job_id, self._jobs.get_job)
 
     def CreateJob(
         self, request: job_pb2.CreateJobRequest, context: grpc.ServicerContext
     ) -> job_pb2.CreateJobResponse:
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
-        job, created = self._jobs.create_job(request.spec, request.request_id)
+        self._authz.check(CREATE_JOB, pool=request.spec.pool or DEFAULT_POOL)
+        caller = current_caller()
+        self._run_as.check(caller, request.spec.user)
+        job, created = self._jobs.create_job(request.spec, request.request_id, caller.name)
         return job_pb2.CreateJobResponse(job=convert.job_pb(job), created=created)
 
     def GetJob(
         self, request: job_pb2.GetJobRequest, context: grpc.ServicerContext
     ) -> job_pb2.GetJobResponse:
-        return job_pb2.GetJobResponse(job=convert.job_pb(self._jobs.get_job(_job_id(request))))
+        job = self._jobs.get_job(_job_id(request))
+        self._authz.check_job(GET_JOB, job)
+        return job_pb2.GetJobResponse(job=convert.job_pb(job))
 
     def ListJobs(
         self, request: job_pb2.ListJobsRequest, context: grpc.ServicerContext
@@ -51,7 +83,11 @@ class JobService(job_pb2_grpc.JobServiceServicer):
             pool=request.pool,
             name_prefix=request.name_prefix,
             labels=dict(request.labels),
+            # Only the jobs the caller may view, filtered in the query so that pages stay full.
+            pools=self._authz.viewable_pools(),
         )
+        if request.pool:
+            self._authz.check(LIST_JOBS, pool=request.pool)
         jobs, token = self._jobs.list_jobs(flt, request.page_size, request.page_token)
         return job_pb2.ListJobsResponse(
             jobs=[convert.job_pb(j) for j in jobs], next_page_token=token
@@ -60,24 +96,28 @@ class JobService(job_pb2_grpc.JobServiceServicer):
     def KillJob(
         self, request: job_pb2.KillJobRequest, context: grpc.ServicerContext
     ) -> job_pb2.KillJobResponse:
+        self._allow(KILL_JOB, _job_id(request))
         job = self._jobs.kill_job(_job_id(request), request.message)
         return job_pb2.KillJobResponse(job=convert.job_pb(job))
 
     def RestartJob(
         self, request: job_pb2.RestartJobRequest, context: grpc.ServicerContext
     ) -> job_pb2.RestartJobResponse:
+        self._allow(RESTART_JOB, _job_id(request))
         job = self._jobs.restart_job(_job_id(request), request.message)
         return job_pb2.RestartJobResponse(job=convert.job_pb(job))
 
     def DeleteJob(
         self, request: job_pb2.DeleteJobRequest, context: grpc.ServicerContext
     ) -> job_pb2.DeleteJobResponse:
+        self._allow(DELETE_JOB, _job_id(request))
         self._jobs.delete_job(_job_id(request))
         return job_pb2.DeleteJobResponse()
 
     def GetTask(
         self, request: job_pb2.GetTaskRequest, context: grpc.ServicerContext
     ) -> job_pb2.GetTaskResponse:
+        self._allow(GET_TASK, _job_id(request))
         task, events, older = self._jobs.get_task_events(_job_id(request), request.instance_id)
         return _task_answer(task, events, older)
 
@@ -85,6 +125,7 @@ class JobService(job_pb2_grpc.JobServiceServicer):
         self, request: job_pb2.ListTasksRequest, context: grpc.ServicerContext
     ) -> job_pb2.ListTasksResponse:
         states = frozenset(convert.task_state_from_pb(s) for s in request.states)
+        self._allow(LIST_TASKS, _job_id(request))
         tasks, token = self._jobs.list_tasks(
             _job_id(request), states, request.page_size, request.page_token
         )
@@ -113,6 +154,8 @@ class JobService(job_pb2_grpc.JobServiceServicer):
                 read = partial(self._job_and_events, job_id, last)
                 job, batch = await hub.read_shared(job_id, last, seen, read)
                 if state is None:
+                    # The first read: nothing was sent before the caller's permission is known.
+                    self._authz.check_job(WATCH_JOB, job)
                     # Resuming mid-history: the best known state until the next job event.
                     state = job.state
                 for event in batch:

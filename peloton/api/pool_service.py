@@ -6,6 +6,8 @@ import math
 
 import grpc
 
+from peloton.api.authz import Authorizer, method_name
+from peloton.core.access import GROUP, USER, Grant, Permission, Principal
 from peloton.core.pools import ROOT, KindConfig, Policy, PoolConfig, QueuePolicy
 from peloton.errors import InvalidArgument
 from peloton.resmgr.manager import ResourceManager
@@ -29,6 +31,19 @@ _QUEUE = {
     pool_pb2.QUEUE_POLICY_BACKFILL: QueuePolicy.BACKFILL,
     pool_pb2.QUEUE_POLICY_LAS: QueuePolicy.LAS,
 }
+_PERMISSION = {
+    pool_pb2.PERMISSION_VIEW: Permission.VIEW,
+    pool_pb2.PERMISSION_SUBMIT: Permission.SUBMIT,
+    pool_pb2.PERMISSION_ADMIN: Permission.ADMIN,
+}
+_PERMISSION_PB = {p: pb for pb, p in _PERMISSION.items()}
+
+CREATE_POOL = method_name("PoolService", "CreatePool")
+UPDATE_POOL = method_name("PoolService", "UpdatePool")
+DELETE_POOL = method_name("PoolService", "DeletePool")
+GET_POOL = method_name("PoolService", "GetPool")
+LIST_POOLS = method_name("PoolService", "ListPools")
+
 _QUEUE_PB = {
     QueuePolicy.PRIORITY_FIFO: pool_pb2.QUEUE_POLICY_PRIORITY_FIFO,
     QueuePolicy.FIFO: pool_pb2.QUEUE_POLICY_FIFO,
@@ -52,8 +67,30 @@ def config_from_pb(spec: pool_pb2.PoolSpec) -> PoolConfig:
     if spec.queue_policy not in _QUEUE:
         raise InvalidArgument("queue_policy", f"unknown queue policy {spec.queue_policy}")
     return PoolConfig(
-        path=spec.path, owner=spec.owner, kinds=kinds, queue_policy=_QUEUE[spec.queue_policy]
+        path=spec.path,
+        owner=spec.owner,
+        kinds=kinds,
+        queue_policy=_QUEUE[spec.queue_policy],
+        grants=tuple(grant_from_pb(g, f"grants[{i}]") for i, g in enumerate(spec.grants)),
     )
+
+
+def grant_from_pb(grant: pool_pb2.Grant, field: str) -> Grant:
+    """A grant from its proto: a known permission and exactly one of user and group (the names
+    are checked with the pool's config)."""
+    if grant.permission not in _PERMISSION:
+        raise InvalidArgument(
+            f"{field}.permission", f"unknown permission {grant.permission}; view, submit or admin"
+        )
+    if bool(grant.user) == bool(grant.group):
+        raise InvalidArgument(field, "give exactly one of user and group")
+    principal = Principal(USER, grant.user) if grant.user else Principal(GROUP, grant.group)
+    return Grant(principal, _PERMISSION[grant.permission])
+
+
+def grant_pb(grant: Grant) -> pool_pb2.Grant:
+    who = {grant.principal.kind: grant.principal.name}
+    return pool_pb2.Grant(permission=_PERMISSION_PB[grant.permission], **who)
 
 
 def spec_pb(config: PoolConfig) -> pool_pb2.PoolSpec:
@@ -67,6 +104,7 @@ def spec_pb(config: PoolConfig) -> pool_pb2.PoolSpec:
             rc.limit = kc.limit
         rc.share = kc.share
         rc.policy = _POLICY_PB[kc.policy]
+    spec.grants.extend(grant_pb(g) for g in config.grants)
     return spec
 
 
@@ -94,36 +132,44 @@ def pool_pb(tree: PoolTree, status: PoolStatus) -> pool_pb2.Pool:
 
 
 class PoolService(pool_pb2_grpc.PoolServiceServicer):
-    def __init__(self, resmgr: ResourceManager) -> None:
+    def __init__(self, resmgr: ResourceManager, authz: Authorizer) -> None:
         self._resmgr = resmgr
+        self._authz = authz
 
     def CreatePool(
         self, request: pool_pb2.CreatePoolRequest, context: grpc.ServicerContext
     ) -> pool_pb2.CreatePoolResponse:
-        status = self._resmgr.create_pool(config_from_pb(_spec(request)))
+        config = config_from_pb(_spec(request))
+        self._authz.check(CREATE_POOL, pool=config.path)
+        status = self._resmgr.create_pool(config)
         return pool_pb2.CreatePoolResponse(pool=pool_pb(self._resmgr.pool_tree(), status))
 
     def UpdatePool(
         self, request: pool_pb2.UpdatePoolRequest, context: grpc.ServicerContext
     ) -> pool_pb2.UpdatePoolResponse:
-        status = self._resmgr.update_pool(config_from_pb(_spec(request)))
+        config = config_from_pb(_spec(request))
+        self._authz.check(UPDATE_POOL, pool=config.path)
+        status = self._resmgr.update_pool(config)
         return pool_pb2.UpdatePoolResponse(pool=pool_pb(self._resmgr.pool_tree(), status))
 
     def DeletePool(
         self, request: pool_pb2.DeletePoolRequest, context: grpc.ServicerContext
     ) -> pool_pb2.DeletePoolResponse:
-        self._resmgr.delete_pool(_path(request.path))
+        self._authz.check(DELETE_POOL, pool=_path(request.path))
+        self._resmgr.delete_pool(request.path)
         return pool_pb2.DeletePoolResponse()
 
     def GetPool(
         self, request: pool_pb2.GetPoolRequest, context: grpc.ServicerContext
     ) -> pool_pb2.GetPoolResponse:
+        self._authz.check(GET_POOL, pool=request.path)
         status = self._resmgr.status(_path(request.path))
         return pool_pb2.GetPoolResponse(pool=pool_pb(self._resmgr.pool_tree(), status))
 
     def ListPools(
         self, request: pool_pb2.ListPoolsRequest, context: grpc.ServicerContext
     ) -> pool_pb2.ListPoolsResponse:
+        self._authz.check(LIST_POOLS)
         tree = self._resmgr.pool_tree()
         statuses = self._resmgr.statuses()
         return pool_pb2.ListPoolsResponse(

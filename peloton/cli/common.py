@@ -1,5 +1,14 @@
 """What every ``peloton`` command shares: its errors as one line and an exit code, reading a
-spec file, and a client for ``--server``. The bottom of the CLI: it imports no other CLI module.
+spec file, and a client for ``--server`` with its credentials. The bottom of the CLI: it imports
+no other CLI module.
+
+Where the client's settings come from, first found wins: the global flags (``--server``,
+``--ca-file``, ``--cert-file``, ``--key-file``, ``--token-file``), their PELOTON_* variables
+(``PELOTON_SERVER``, ``PELOTON_CA_FILE``, ...; ``PELOTON_TOKEN`` holds a token itself, after
+``--token-file`` and ``PELOTON_TOKEN_FILE``), then the client config file
+(``PELOTON_CLIENT_CONFIG``, else ``$XDG_CONFIG_HOME/peloton/client.yaml``, read if it exists;
+keys ``server``, ``ca_file``, ``cert_file``, ``key_file``, ``token_file``; relative paths are
+relative to the file), then 127.0.0.1:5392 without TLS or token.
 
 Exit codes: 0 ok; 1 the server refused or failed (not found, wrong state, unreachable); 2 usage or
 validation error (bad flag, bad spec, INVALID_ARGUMENT from the server).
@@ -7,16 +16,19 @@ validation error (bad flag, bad spec, INVALID_ARGUMENT from the server).
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 import grpc
+import yaml
 from sqlalchemy.exc import OperationalError
 
-from peloton.client import ClientError, PelotonClient
+from peloton.client import DEFAULT_SERVER, ClientError, PelotonClient, Tls, server_addresses
 from peloton.errors import InvalidArgument, PelotonError
 
 EXIT_SERVER = 1
@@ -84,14 +96,98 @@ def usage_error(exc: click.UsageError) -> CliError:
     return CliError(message, EXIT_USAGE)
 
 
+CLIENT_CONFIG_KEYS = ("server", "ca_file", "cert_file", "key_file", "token_file")
+
+
+def client_config_path() -> Path:
+    """Where the client config file is: PELOTON_CLIENT_CONFIG, else
+    ``$XDG_CONFIG_HOME/peloton/client.yaml`` (``~/.config`` without XDG_CONFIG_HOME)."""
+    given = os.environ.get("PELOTON_CLIENT_CONFIG")
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "peloton" / "client.yaml"
+
+
+def load_client_config(path: Path) -> dict[str, str]:
+    """The settings of a client config file ({} if there is none; PELOTON_CLIENT_CONFIG naming a
+    missing file is an error), file paths made absolute; unknown keys are errors naming them."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        if os.environ.get("PELOTON_CLIENT_CONFIG"):
+            raise CliError(f"client config {path} does not exist (PELOTON_CLIENT_CONFIG)") from None
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read the client config {path}: {exc}", EXIT_USAGE) from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        raise CliError(f"client config {path} is not valid YAML", EXIT_USAGE) from None
+    if not isinstance(data, dict):
+        raise CliError(f"client config {path} must be a mapping of key: value", EXIT_USAGE)
+    settings: dict[str, str] = {}
+    for key, value in data.items():
+        if key not in CLIENT_CONFIG_KEYS:
+            raise CliError(
+                f"client config {path}: unknown key {key!r}; "
+                f"known: {', '.join(CLIENT_CONFIG_KEYS)}",
+                EXIT_USAGE,
+            )
+        if not isinstance(value, str) or not value:
+            raise CliError(f"client config {path}: {key} must be a non-empty string", EXIT_USAGE)
+        settings[key] = value if key == "server" else str(path.parent / Path(value).expanduser())
+    return settings
+
+
+def _read_token(path: str, source: str) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise CliError(
+            f"cannot read the token file {path} ({source}): {reason}", EXIT_USAGE
+        ) from None
+    if not token:
+        raise CliError(f"the token file {path} ({source}) is empty", EXIT_USAGE)
+    return token
+
+
+def client_settings(obj: Mapping[str, Any]) -> tuple[str, Tls | None, str | None]:
+    """The server, TLS and token a command connects with, from the global options in ``obj``
+    (None where not given) and the client config file (see the module's docstring)."""
+    given = {key: obj.get(key) for key in CLIENT_CONFIG_KEYS}
+    settings = {key: value for key, value in given.items() if value}
+    if len(settings) < len(CLIENT_CONFIG_KEYS):
+        settings = {**load_client_config(client_config_path()), **settings}
+    server = settings.get("server") or DEFAULT_SERVER
+    try:
+        server = ",".join(server_addresses(server))
+    except ValueError as exc:
+        raise CliError(f"invalid: server: {exc}", EXIT_USAGE) from None
+    ca, cert, key = (settings.get(k) for k in ("ca_file", "cert_file", "key_file"))
+    tls = Tls.from_files(ca, cert, key) if ca or cert or key else None
+    token = None
+    if given["token_file"]:
+        token = _read_token(str(given["token_file"]), "--token-file")
+    elif os.environ.get("PELOTON_TOKEN"):
+        token = os.environ["PELOTON_TOKEN"].strip()
+    elif settings.get("token_file"):
+        token = _read_token(settings["token_file"], "client config token_file")
+    return server, tls, token
+
+
 @contextmanager
 def connect(ctx: click.Context) -> Iterator[PelotonClient]:
-    """A client for the command's --server; every error becomes a one-line CliError."""
+    """A client for the command's --server with its credentials; every error becomes a
+    one-line CliError."""
     obj = ctx.find_root().obj
+    server = obj.get("server") or ""
     try:
-        with PelotonClient(obj["server"], timeout=obj["timeout"]) as client:
+        server, tls, token = client_settings(obj)
+        with PelotonClient(server, timeout=obj["timeout"], tls=tls, token=token) as client:
             yield client
     except click.ClickException:
         raise
     except Exception as exc:
-        raise cli_error(exc, obj["server"]) from None
+        raise cli_error(exc, server) from None

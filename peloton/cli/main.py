@@ -12,9 +12,9 @@ import sys
 
 import click
 
-from peloton.cli import cluster, db, hosts, jobs, minicluster, pools, server, simulate
+from peloton.cli import audit, cluster, db, hosts, jobs, minicluster, pools, server, simulate
 from peloton.cli.common import CliError, cli_error, usage_error
-from peloton.client import default_server, server_addresses
+from peloton.client import server_addresses
 
 
 def _seconds(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
@@ -24,7 +24,9 @@ def _seconds(_ctx: click.Context, _param: click.Parameter, value: float) -> floa
     return value
 
 
-def _server(value: str) -> str:
+def _server(value: str | None) -> str | None:
+    if value is None:
+        return None  # the client config file's, else 127.0.0.1:5392 (common.client_settings)
     try:
         return ",".join(server_addresses(value))
     except ValueError as exc:
@@ -35,8 +37,9 @@ def _server(value: str) -> str:
 @click.option(
     "--server",
     "-s",
-    default=default_server,
-    show_default="PELOTON_SERVER or 127.0.0.1:5392",
+    envvar="PELOTON_SERVER",
+    default=None,
+    show_default="PELOTON_SERVER, client.yaml's server, or 127.0.0.1:5392",
     callback=lambda _ctx, _param, value: _server(value),
     help="Address of the peloton server: HOST[:PORT], port 5392 if left out ([IPV6]:PORT); "
     "several daemons separated by commas (the next is tried while one cannot be reached).",
@@ -48,9 +51,42 @@ def _server(value: str) -> str:
     callback=_seconds,
     help="Seconds to wait for each call.",
 )
+@click.option(
+    "--ca-file",
+    envvar="PELOTON_CA_FILE",
+    type=click.Path(dir_okay=False),
+    help="Connect over TLS, verifying the server's certificate with this CA (PEM).",
+)
+@click.option(
+    "--cert-file",
+    envvar="PELOTON_CERT_FILE",
+    type=click.Path(dir_okay=False),
+    help="Client certificate (PEM) for servers that require one (mutual TLS); with --key-file.",
+)
+@click.option(
+    "--key-file",
+    envvar="PELOTON_KEY_FILE",
+    type=click.Path(dir_okay=False),
+    help="Private key (PEM) of --cert-file.",
+)
+@click.option(
+    "--token-file",
+    envvar="PELOTON_TOKEN_FILE",
+    type=click.Path(dir_okay=False),
+    help="File holding a bearer token sent with every call (PELOTON_TOKEN: the token itself); "
+    "only over TLS or to a loopback server.",
+)
 @click.version_option(package_name="peloton")
 @click.pass_context
-def cli(ctx: click.Context, server: str, timeout: float) -> None:
+def cli(
+    ctx: click.Context,
+    server: str | None,
+    timeout: float,
+    ca_file: str | None,
+    cert_file: str | None,
+    key_file: str | None,
+    token_file: str | None,
+) -> None:
     """peloton: a GPU gang scheduler for distributed deep learning on Apache Mesos.
 
     \b
@@ -63,8 +99,19 @@ def cli(ctx: click.Context, server: str, timeout: float) -> None:
       peloton server --db-url postgresql://peloton@db/peloton
 
     Shell completion: eval "$(peloton completion bash)"
+
+    Client settings not given as flags or PELOTON_* variables come from the client config file,
+    PELOTON_CLIENT_CONFIG or $XDG_CONFIG_HOME/peloton/client.yaml (keys server, ca_file,
+    cert_file, key_file, token_file).
     """
-    ctx.obj = {"server": server, "timeout": timeout}
+    ctx.obj = {
+        "server": server,
+        "timeout": timeout,
+        "ca_file": ca_file,
+        "cert_file": cert_file,
+        "key_file": key_file,
+        "token_file": token_file,
+    }
 
 
 @cli.command()
@@ -87,6 +134,7 @@ cli.add_command(hosts.host)
 cli.add_command(server.server)
 cli.add_command(db.db)
 cli.add_command(cluster.cluster)
+cli.add_command(audit.audit)
 cli.add_command(simulate.simulate)
 
 

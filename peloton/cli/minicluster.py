@@ -12,6 +12,7 @@ import click
 from peloton.cli.common import EXIT_USAGE, CliError
 from peloton.logs import setup_logging
 from peloton.minicluster import AgentSpec, Minicluster
+from peloton.minicluster.http import read_credentials
 from peloton.minicluster.spec import DEFAULT_ATTRIBUTES, DEFAULT_RESOURCES
 
 
@@ -51,6 +52,19 @@ def minicluster() -> None:
     help="Directory of 'docker save' archives (NAME.tar, e.g. trainer:1.0.tar), as a Mesos "
     "agent's --docker_registry: tasks whose ContainerInfo names an image run in it (needs root).",
 )
+@click.option(
+    "--credentials",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help='Mesos --credentials file: JSON {"credentials": [{"principal": P, "secret": S}]}; '
+    "used with --authenticate-http-frameworks.",
+)
+@click.option(
+    "--authenticate-http-frameworks",
+    is_flag=True,
+    help="As Mesos's --authenticate_http_frameworks with --http_framework_authenticators=basic: "
+    "every scheduler request must authenticate with HTTP Basic as a principal of --credentials "
+    "(else 401), and a framework's principal must be that one.",
+)
 @click.option("--simulated", is_flag=True, help="No processes: tasks run on a clock.")
 @click.option("--heartbeat-interval", default=15.0, show_default=True, help="Seconds.")
 @click.option("--log-level", default="info", show_default=True)
@@ -63,6 +77,8 @@ def up(
     agents_file: Path | None,
     work_dir: Path | None,
     docker_registry: Path | None,
+    credentials: Path | None,
+    authenticate_http_frameworks: bool,
     simulated: bool,
     heartbeat_interval: float,
     log_level: str,
@@ -86,6 +102,7 @@ def up(
       peloton minicluster up --port 5050 --agents 4
       peloton minicluster up --agents-file agents.yaml --work-dir /tmp/mc
       peloton minicluster up --simulated --agents 10000
+      peloton minicluster up --authenticate-http-frameworks --credentials creds.json
       sudo peloton minicluster up --docker-registry ./images   # ./images/trainer:1.0.tar
       peloton server --mesos-master 127.0.0.1:5050
     """
@@ -97,9 +114,15 @@ def up(
         )
     except ValueError as exc:
         raise CliError(f"invalid: {exc}", EXIT_USAGE) from None
+    if authenticate_http_frameworks and credentials is None:
+        raise CliError("invalid: --authenticate-http-frameworks needs --credentials", EXIT_USAGE)
+    setup_logging(log_level, "text")  # before the credentials: a too open file is warned of
+    try:
+        secrets = read_credentials(credentials) if credentials is not None else None
+    except ValueError as exc:
+        raise CliError(f"invalid: {exc}", EXIT_USAGE) from None
     if work_dir is not None:
         work_dir.mkdir(parents=True, exist_ok=True)
-    setup_logging(log_level, "text")
     cluster = Minicluster(
         agents,
         port=port,
@@ -108,15 +131,16 @@ def up(
         simulated=simulated,
         heartbeat_interval=heartbeat_interval,
         docker_registry=docker_registry.resolve() if docker_registry is not None else None,
+        credentials=secrets if authenticate_http_frameworks else None,
     )
     try:
         cluster.start()
     except OSError as exc:
         raise CliError(f"cannot serve the master on {host}:{port}: {exc.strerror}") from None
-    _serve(cluster, len(agents))
+    _serve(cluster, len(agents), authenticate_http_frameworks)
 
 
-def _serve(cluster: Minicluster, agents: int) -> None:
+def _serve(cluster: Minicluster, agents: int, authenticated: bool) -> None:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -125,6 +149,8 @@ def _serve(cluster: Minicluster, agents: int) -> None:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         mode = "simulated" if cluster.simulated else f"work dir {cluster.work_dir}"
+        if authenticated:
+            mode += ", frameworks authenticate"
         click.echo(f"minicluster master at {cluster.address} with {agents} agents ({mode})")
         while not stop.wait(0.5):
             pass

@@ -182,11 +182,14 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
 
 
 def print_jobs(jobs: Sequence[job_pb2.Job], wide: bool = False) -> None:
+    # Jobs have owners on a daemon with authentication; elsewhere the column would be empty.
+    owners = any(j.owner for j in jobs)
     rows = [
         (
             j.job_id,
             j.spec.name,
             j.spec.pool,
+            *((j.owner or "-",) if owners else ()),
             job_state(j.state),
             task_summary(j),
             when(j.created_at),
@@ -194,7 +197,16 @@ def print_jobs(jobs: Sequence[job_pb2.Job], wide: bool = False) -> None:
         )
         for j in jobs
     ]
-    columns = ("JOB", "NAME", "POOL", "STATE", "TASKS", "CREATED", "REASON")
+    columns = (
+        "JOB",
+        "NAME",
+        "POOL",
+        *(("OWNER",) if owners else ()),
+        "STATE",
+        "TASKS",
+        "CREATED",
+        "REASON",
+    )
     console(wide).print(table(columns, rows))
 
 
@@ -205,6 +217,7 @@ def print_job(job: job_pb2.Job) -> None:
         ("Job", job.job_id),
         ("Name", spec.name),
         ("Pool", spec.pool),
+        ("Owner", job.owner or "-"),
         ("State", job_state(job.state)),
         ("Reason", reason(job.reason, job.message)),
         ("Priority", str(spec.priority)),
@@ -213,6 +226,7 @@ def print_job(job: job_pb2.Job) -> None:
         ("Tasks", task_summary(job)),
         ("Resources", f"cpu {r.cpu:g}, mem {r.mem_mb:g} MB, disk {r.disk_mb:g} MB, gpu {r.gpu:g}"),
         ("Command", spec.task.command or "-"),
+        ("Run as", spec.user or "the framework's user"),
         *container_lines(spec.task),
         ("Labels", ", ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or "-"),
         ("Created", when(job.created_at)),

@@ -10,18 +10,47 @@ import click
 
 from peloton.cli import output as out
 from peloton.cli.common import cli_error, connect, read_text_file
+from peloton.core.access import parse_grant
 from peloton.core.resources import KINDS
 from peloton.core.spec import check_pool_path, load_pool_spec_yaml
 from peloton.errors import InvalidArgument
 from peloton.v1 import pool_pb2
 
 
-def _read(file: Path) -> pool_pb2.PoolSpec:
+def _read(file: Path, grants: tuple[str, ...]) -> pool_pb2.PoolSpec:
+    """The pool spec of FILE, with the ``--grant`` options' grants after the file's."""
     text = read_text_file(file)
     try:
-        return load_pool_spec_yaml(text)
+        spec = load_pool_spec_yaml(text)
+        for i, item in enumerate(grants):
+            grant = parse_grant(item, f"--grant[{i}]")
+            spec.grants.append(
+                pool_pb2.Grant(
+                    permission=pool_pb2.Permission.Value(f"PERMISSION_{grant.permission.name}"),
+                    **{grant.principal.kind: grant.principal.name},
+                )
+            )
     except Exception as exc:
         raise cli_error(exc) from None
+    return spec
+
+
+def _grant_option(f: Any) -> Any:
+    return click.option(
+        "--grant",
+        "grants",
+        multiple=True,
+        metavar="PERMISSION=user:NAME|group:NAME",
+        help="Give view, submit or admin on the pool (and below) to a user or a group "
+        "(repeatable; added to the file's grants).",
+    )(f)
+
+
+def grant_text(grant: pool_pb2.Grant) -> str:
+    """``submit=user:alice``: a grant as ``--grant`` takes it."""
+    permission = pool_pb2.Permission.Name(grant.permission).removeprefix("PERMISSION_").lower()
+    who = f"user:{grant.user}" if grant.user else f"group:{grant.group}"
+    return f"{permission}={who}"
 
 
 def _check_path(path: str) -> None:
@@ -42,6 +71,9 @@ def pool() -> None:
       resources:
         gpu: {reservation: 8, limit: 32, share: 2}
         cpu: {reservation: 64, limit: 256, share: 1}
+      grants:
+        - submit=group:vision
+        - {user: alice, permission: admin}
     """
 
 
@@ -53,11 +85,12 @@ def _file_argument(f: Any) -> Any:
 
 @pool.command()
 @_file_argument
+@_grant_option
 @out.output_option
 @click.pass_context
-def create(ctx: click.Context, file: Path, fmt: str) -> None:
+def create(ctx: click.Context, file: Path, grants: tuple[str, ...], fmt: str) -> None:
     """Create the pool described in FILE (YAML; - reads standard input)."""
-    spec = _read(file)
+    spec = _read(file, grants)
     with connect(ctx) as client:
         created = client.create_pool(spec)
     _show_one(created, fmt, f"pool {created.spec.path} created")
@@ -65,11 +98,13 @@ def create(ctx: click.Context, file: Path, fmt: str) -> None:
 
 @pool.command()
 @_file_argument
+@_grant_option
 @out.output_option
 @click.pass_context
-def update(ctx: click.Context, file: Path, fmt: str) -> None:
-    """Replace a pool's settings with those in FILE (kinds left out: back to defaults)."""
-    spec = _read(file)
+def update(ctx: click.Context, file: Path, grants: tuple[str, ...], fmt: str) -> None:
+    """Replace a pool's settings with those in FILE (kinds left out: back to defaults; grants
+    left out: removed)."""
+    spec = _read(file, grants)
     with connect(ctx) as client:
         updated = client.update_pool(spec)
     _show_one(updated, fmt, f"pool {updated.spec.path} updated")
@@ -106,6 +141,7 @@ def get(ctx: click.Context, path: str, fmt: str) -> None:
         if found.oversized_gangs:
             waiting += f", {found.oversized_gangs} bigger than the entitlement"
         click.echo(f"Queue:    {_queue_policy(spec)} ({waiting})")
+        click.echo(f"Grants:   {', '.join(grant_text(g) for g in spec.grants) or '-'}")
     click.echo(f"Children: {', '.join(found.children) or '-'}")
     rows = []
     for kind in KINDS:

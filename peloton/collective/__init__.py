@@ -73,6 +73,7 @@ __all__ = [
     "poll",
     "rank",
     "reduce_scatter",
+    "refused_connections",
     "rocm_built",
     "shutdown",
     "size",
@@ -146,7 +147,10 @@ def init(
     """Connects this rank to its gang; every argument left None comes from PELOTON_* variables.
 
     Blocks until every rank has connected (or raises after the timeout naming the missing ranks).
-    A peer of another ``generation`` is refused at once with an error naming both.
+    A peer of another ``generation`` is refused at once with an error naming both. With
+    ``PELOTON_GANG_SECRET`` set every connection proves the secret both ways: one that does not
+    (a stranger on this rank's port) is closed, logged on stderr and counted
+    (:func:`refused_connections`), and this rank goes on waiting for its peers.
     """
     global _runtime, _topology, _timeout
     with _lock:
@@ -184,6 +188,7 @@ def init(
             cross_rank=topo.cross_rank,
             cross_size=topo.cross_size,
             generation=topo.generation,
+            secret=topo.secret,
         )
         _topology = topo
         _timeout = topo.timeout
@@ -200,6 +205,12 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+
+
+def refused_connections() -> int:
+    """Connections this process's runtime refused so far: no rank of its gang (no or a wrong
+    gang secret, a replayed handshake, garbage, or silence past the handshake timeout)."""
+    return int(_core.refused_connections())
 
 
 def is_initialized() -> bool:

@@ -17,6 +17,10 @@ group, which is killed as a whole, so nothing is left running.
 (``PELOTON_RENDEZVOUS``, ``PELOTON_RENDEZVOUS_TOKEN``). A rank that dies is dropped from the gang
 and the others go on under a new generation; peloton-run exits 0 if any rank finished with 0,
 else with the first failed rank's code.
+
+Every run gets a new gang secret (``PELOTON_GANG_SECRET``), as a scheduled gang does: only its
+ranks can connect to one another. Remote ranks get it on their ssh command line, as every
+variable, where the remote host's ``ps`` shows it while they run.
 """
 
 from __future__ import annotations
@@ -41,11 +45,13 @@ import click
 
 from peloton.collective.rendezvous import RendezvousServer
 from peloton.core.gangenv import (
+    GANG_SECRET,
     RENDEZVOUS,
     RENDEZVOUS_TOKEN,
     TOPOLOGY_VARS,
     GangEnv,
     Rank,
+    new_secret,
     topology,
 )
 
@@ -389,7 +395,7 @@ def launch(
     ``elastic`` is (min, max): serve a rendezvous endpoint and let the gang shrink and grow."""
     seats = assign_ranks(hosts, size)
     peers = peer_addresses(seats, ssh)
-    extra = _extra_env(env_names)
+    extra = _extra_env(env_names) | {GANG_SECRET: new_secret()}
     with contextlib.ExitStack() as stack:
         if elastic is not None:
             here = "127.0.0.1" if all(is_local(p.host) for p in seats) else socket.getfqdn()

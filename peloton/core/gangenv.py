@@ -16,6 +16,13 @@ from them. Standard library only: :mod:`peloton.collective` imports it inside ta
   (optional; ``peloton-run`` sets them from its flags).
 - ``PELOTON_GENERATION``: the gang's generation (optional, 0 for a gang that never changes).
   Ranks connect only to peers of their own generation, so a stale rank fails fast.
+- ``PELOTON_GANG_SECRET``: the secret every rank of the gang proves it holds when it connects
+  to another (an HMAC-SHA256 challenge-response both ways; a connection that fails it is refused
+  and the rank goes on waiting for its peers). The scheduler makes a new one for every launch of
+  a gang (:func:`new_secret`), one per job for an elastic gang (every generation's members hold
+  it; the generation is part of what the handshake authenticates); ``peloton-run`` one per run.
+  Optional: without it connections are not authenticated (a runtime started by hand). Never
+  logged or shown: :class:`GangEnv`'s repr leaves it out.
 
 Elastic gangs (:mod:`peloton.collective.elastic`) learn their membership from a rendezvous
 endpoint instead of ``PELOTON_RANK``/``PEERS`` (:mod:`peloton.collective.rendezvous`):
@@ -28,9 +35,10 @@ endpoint instead of ``PELOTON_RANK``/``PEERS`` (:mod:`peloton.collective.rendezv
 
 from __future__ import annotations
 
+import secrets
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 RANK = "PELOTON_RANK"
@@ -47,6 +55,7 @@ PORT_PREFIX = "PELOTON_PORT_"
 COLLECTIVE_TIMEOUT = "PELOTON_COLLECTIVE_TIMEOUT"
 FUSION_THRESHOLD = "PELOTON_FUSION_THRESHOLD"
 GENERATION = "PELOTON_GENERATION"
+GANG_SECRET = "PELOTON_GANG_SECRET"
 RENDEZVOUS = "PELOTON_RENDEZVOUS"
 RENDEZVOUS_TOKEN = "PELOTON_RENDEZVOUS_TOKEN"
 ELASTIC_TIMEOUT = "PELOTON_ELASTIC_TIMEOUT"
@@ -114,6 +123,8 @@ class GangEnv:
     fusion_threshold: int | None = None
     # The gang's generation (elastic gangs re-form under increasing ones).
     generation: int = 0
+    # The gang's secret (empty: connections are not authenticated); never in a repr.
+    secret: str = field(default="", repr=False)
 
     @classmethod
     def at(cls, rank: int, size: int, peers: Sequence[str], where: Rank, **rest: Any) -> GangEnv:
@@ -153,6 +164,8 @@ class GangEnv:
             env[FUSION_THRESHOLD] = str(self.fusion_threshold)
         if self.generation:
             env[GENERATION] = str(self.generation)
+        if self.secret:
+            env[GANG_SECRET] = self.secret
         return env
 
     @classmethod
@@ -202,12 +215,18 @@ class GangEnv:
                 _positive(environ, FUSION_THRESHOLD, fusion_threshold, DEFAULT_FUSION_THRESHOLD)
             ),
             generation=_int(environ, GENERATION, generation, 0),
+            secret=environ.get(GANG_SECRET, ""),
         )
 
     def addresses(self) -> tuple[list[str], list[int]]:
         """The peers' hosts (IPv6 without brackets) and ports, in rank order."""
         split = [split_peer(i, entry) for i, entry in enumerate(self.peers)]
         return [h for h, _ in split], [p for _, p in split]
+
+
+def new_secret() -> str:
+    """A fresh gang secret: 256 random bits as 64 hex digits."""
+    return secrets.token_hex(32)
 
 
 def split_peer(index: int, entry: str) -> tuple[str, int]:

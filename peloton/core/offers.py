@@ -96,8 +96,8 @@ class Lease:
 
 @dataclass(frozen=True)
 class LaunchTask:
-    """One attempt to launch: its Mesos task id, name, command, environment, resources, ports
-    and container."""
+    """One attempt to launch: its Mesos task id, name, command, environment, resources, ports,
+    container and user."""
 
     task_id: str
     name: str
@@ -108,6 +108,8 @@ class LaunchTask:
     kill_grace_seconds: int = 30
     # The image, volumes and /dev/shm it runs with; None: on the agent host, in its sandbox.
     container: ContainerLaunch | None = None
+    # The Unix user it runs as (CommandInfo.user); empty: the framework's user.
+    user: str = ""
 
 
 def executor_id(tasks: Sequence[LaunchTask]) -> str:

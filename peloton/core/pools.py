@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from peloton.core.access import Grant, check_principal_name
 from peloton.core.resources import EPSILON, KINDS, format_amount
 from peloton.core.spec import check_pool_path
 from peloton.errors import InvalidArgument
@@ -15,6 +16,7 @@ from peloton.errors import InvalidArgument
 ROOT = "/"
 DEFAULT_POOL = "/default"
 MAX_OWNER = 128
+MAX_GRANTS = 256
 UNLIMITED = math.inf
 
 
@@ -54,6 +56,8 @@ class PoolConfig:
     owner: str = ""
     kinds: Mapping[str, KindConfig] = field(default_factory=dict)
     queue_policy: QueuePolicy = QueuePolicy.PRIORITY_FIFO
+    # Who may do what on this pool and below it, beside its ancestors' grants (core.access).
+    grants: tuple[Grant, ...] = ()
 
     def kind(self, kind: str) -> KindConfig:
         return self.kinds.get(kind, KindConfig())
@@ -81,6 +85,10 @@ def validate_config(config: PoolConfig) -> None:
         raise InvalidArgument("path", "the root pool / is the cluster; it cannot be configured")
     if len(config.owner) > MAX_OWNER:
         raise InvalidArgument("owner", f"is longer than {MAX_OWNER} characters")
+    if len(config.grants) > MAX_GRANTS:
+        raise InvalidArgument("grants", f"at most {MAX_GRANTS} grants")
+    for i, grant in enumerate(config.grants):
+        check_principal_name(grant.principal.name, f"grants[{i}].{grant.principal.kind}")
     for kind, kc in config.kinds.items():
         where = f"resources.{kind}"
         if kind not in KINDS:

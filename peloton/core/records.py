@@ -42,6 +42,8 @@ class JobRecord:
     # Elastic gangs: the generation of the gang's membership and its size then (0: none yet).
     generation: int = 0
     gang_size: int = 0
+    # Who created the job ("" on a daemon without authentication).
+    owner: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -102,6 +104,8 @@ class JobFilter:
     pool: str = ""
     name_prefix: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Only jobs in these pools (the pools the caller may view); None: any pool.
+    pools: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)

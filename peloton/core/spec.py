@@ -16,7 +16,9 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from peloton.core.access import parse_grant, parse_permission
 from peloton.core.containers import check_container, needs_command
+from peloton.core.runas import check_user_name
 from peloton.errors import InvalidArgument
 from peloton.v1 import job_pb2, pool_pb2
 
@@ -247,6 +249,8 @@ def validate_job_spec(spec: job_pb2.JobSpec) -> None:
         raise InvalidArgument(
             "placement", f"unknown placement {spec.placement!r}; use {' or '.join(PLACEMENTS)}"
         )
+    if spec.user:
+        check_user_name(spec.user)
 
 
 def _check_elastic(spec: job_pb2.JobSpec) -> None:
@@ -451,7 +455,9 @@ def is_elastic(spec: job_pb2.JobSpec) -> bool:
 
 def load_pool_spec_yaml(text: str) -> pool_pb2.PoolSpec:
     """A pool spec from YAML; policies may be written ``static``/``elastic``, ``fifo``/
-    ``priority_fifo``. Unknown keys and wrong types raise InvalidArgument naming the key."""
+    ``priority_fifo``, permissions ``view``/``submit``/``admin``, and a grant also as one
+    string (``submit=user:alice``). Unknown keys and wrong types raise InvalidArgument naming
+    the key."""
     data = load_yaml(text)
     if not isinstance(data, dict):
         raise InvalidArgument("spec", "must be a YAML mapping of pool fields")
@@ -465,7 +471,28 @@ def load_pool_spec_yaml(text: str) -> pool_pb2.PoolSpec:
             settings["policy"] = _enum_name("RESOURCE_POLICY_", settings["policy"])
     if isinstance(data.get("queue_policy"), str):
         data["queue_policy"] = _enum_name("QUEUE_POLICY_", data["queue_policy"])
+    if isinstance(data.get("grants"), list):
+        data["grants"] = [_grant_dict(g, f"grants[{i}]") for i, g in enumerate(data["grants"])]
     return parse_message_dict(data, pool_pb2.PoolSpec())
+
+
+def _grant_dict(item: Any, field: str) -> Any:
+    """A pool file's grant as PoolSpec.grants holds it: ``submit=user:alice``, or a mapping
+    ({user: alice, permission: submit}); the parser refuses a mapping's other keys."""
+    if isinstance(item, str):
+        grant = parse_grant(item, field)
+        return {
+            grant.principal.kind: grant.principal.name,
+            "permission": f"PERMISSION_{grant.permission.name}",
+        }
+    if not isinstance(item, dict):
+        raise InvalidArgument(
+            field, "must be PERMISSION=user:NAME, PERMISSION=group:NAME or a mapping"
+        )
+    if isinstance(item.get("permission"), str):
+        permission = parse_permission(item["permission"], f"{field}.permission")
+        return {**item, "permission": f"PERMISSION_{permission.name}"}
+    return item
 
 
 def _enum_name(prefix: str, value: str) -> str:

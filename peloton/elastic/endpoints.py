@@ -4,8 +4,11 @@ running gang about every change of its membership.
 Each elastic job gets its own endpoint (:class:`peloton.collective.rendezvous.RendezvousServer`,
 the protocol ``peloton-run --elastic`` serves too) when its first tasks launch, on a port from
 the kernel at ``rendezvous_host``, with a per-job token; the launcher puts both in every task's
-environment (``PELOTON_RENDEZVOUS``, ``PELOTON_RENDEZVOUS_TOKEN``, ``PELOTON_ELASTIC_TIMEOUT``).
-A worker is known by its task's attempt id (``PELOTON_ATTEMPT_ID``).
+environment (``PELOTON_RENDEZVOUS``, ``PELOTON_RENDEZVOUS_TOKEN``, ``PELOTON_ELASTIC_TIMEOUT``),
+with the job's gang secret (``PELOTON_GANG_SECRET``): the members of every generation, grown or
+restarted ones too, prove it to one another when their runtimes connect. The endpoint itself
+answers only sessions that present the token. A worker is known by its task's attempt id
+(``PELOTON_ATTEMPT_ID``).
 
 - A task the gang grows into joins its endpoint when its process starts: the generation ends,
   every rank re-forms at the new size at its next commit, state kept.
@@ -29,7 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from peloton.collective.rendezvous import Generation, RendezvousServer
@@ -62,6 +65,8 @@ class Changes(Protocol):
 @dataclass
 class _Endpoint:
     server: RendezvousServer
+    # The gang secret every member of every generation holds (PELOTON_GANG_SECRET).
+    secret: str = field(default_factory=gangenv.new_secret, repr=False)
     size: int = 0
 
 
@@ -102,6 +107,7 @@ class Endpoints:
         return {
             gangenv.RENDEZVOUS: server.address,
             gangenv.RENDEZVOUS_TOKEN: server.token,
+            gangenv.GANG_SECRET: endpoint.secret,
             gangenv.ELASTIC_TIMEOUT: str(spec.gang.elastic_timeout_seconds),
         }
 

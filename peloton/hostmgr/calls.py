@@ -10,19 +10,28 @@ thousands costs a few round trips and little CPU: :class:`Acknowledger` on one c
 :class:`Pipes` for the launch workers, a connection per thread. A failed acknowledgement needs no
 retry: Mesos re-sends an update until it is acknowledged, and a re-sent update is acknowledged
 again.
+
+:class:`Credential` is how every request (SUBSCRIBE and the calls) authenticates the framework to a
+master with HTTP framework authentication (``--authenticate_http_frameworks``, the ``basic``
+authenticator): HTTP Basic with the principal and the secret of ``mesos_secret_file``.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
+import os
 import socket
+import stat
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from peloton.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +42,86 @@ WINDOW = 256
 TIMEOUT_SECONDS = 30.0
 # Bytes of answers held unparsed at most (a window of answers is a few tens of KiB).
 MAX_HEAD = 16 * 1024 * 1024
+
+
+# Why a ':' in a principal or secret is refused (libprocess's basic authenticator; on Mesos 1.11
+# a principal whose secret in --credentials is "a:b" is answered 401 for "principal:a:b").
+_SPLIT = "the master splits the decoded credential at every ':' and wants exactly two parts"
+
+
+@dataclass(frozen=True)
+class Credential:
+    """The framework's principal and secret, as Mesos's ``basic`` HTTP authenticator takes them.
+    The secret is left out of ``repr`` (and so out of logs and dumps)."""
+
+    principal: str
+    secret: str = field(repr=False)
+
+    @property
+    def authorization(self) -> str:
+        """The ``Authorization`` header's value: ``Basic base64(principal:secret)``."""
+        token = base64.b64encode(f"{self.principal}:{self.secret}".encode()).decode("ascii")
+        return f"Basic {token}"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": self.authorization}
+
+
+def read_credential(principal: str, secret_file: str) -> Credential | None:
+    """The credential of ``principal`` with the secret in ``secret_file`` (None without a file).
+
+    The file holds the secret alone; trailing line breaks are dropped. As ssh does with a private
+    key, a file that others may read or write is refused; so are a principal or secret with a
+    ':' (see ``_SPLIT``) and a file of several lines. InvalidArgument naming the option and the
+    reason, never the secret."""
+    if not secret_file:
+        return None
+    if not principal:
+        raise InvalidArgument(
+            "mesos_secret_file", "needs mesos_principal: the secret authenticates that principal"
+        )
+    if ":" in principal:
+        raise InvalidArgument(
+            "mesos_principal",
+            f"contains ':', which can never authenticate: {_SPLIT}",
+        )
+    try:
+        fd = os.open(secret_file, os.O_RDONLY)
+    except OSError as exc:
+        raise InvalidArgument(
+            "mesos_secret_file", f"cannot read {secret_file}: {exc.strerror}"
+        ) from None
+    try:
+        info = os.fstat(fd)  # of the file opened: a swap after a check by name changes nothing
+        if not stat.S_ISREG(info.st_mode):
+            raise InvalidArgument("mesos_secret_file", f"{secret_file} is not a regular file")
+        if info.st_mode & 0o007:
+            mode = stat.S_IMODE(info.st_mode)
+            raise InvalidArgument(
+                "mesos_secret_file",
+                f"permissions {mode:04o} for {secret_file} are too open: others may access it; "
+                f"run chmod 600 {secret_file} (or 640, group-readable by a group of the daemon's "
+                "user)",
+            )
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read()
+    finally:
+        os.close(fd)
+    try:
+        secret = data.decode().rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise InvalidArgument("mesos_secret_file", f"{secret_file} is not UTF-8 text") from None
+    for problem, bad in (
+        ("is empty", not secret),
+        (
+            "holds more than one line: it must hold the secret alone",
+            "\n" in secret or "\r" in secret,
+        ),
+        (f"holds a secret with ':', which can never authenticate: {_SPLIT}", ":" in secret),
+    ):
+        if bad:
+            raise InvalidArgument("mesos_secret_file", f"{secret_file} {problem}")
+    return Credential(principal, secret)
 
 
 @dataclass(frozen=True)

@@ -6,14 +6,25 @@ in-memory offer pool and queue work, and never raise (pymesos turns an exception
 into a SIGINT of the daemon). One worker thread does everything that writes or calls Mesos:
 status updates (persisted through the job manager, *then* acknowledged), declines, suppress and
 revive, reconciliation, lease expiry and the heartbeat watchdog.
+
+With ``mesos_secret_file``, every request to the master (SUBSCRIBE through pymesos, the calls
+through it and through :mod:`peloton.hostmgr.calls`) carries HTTP Basic authentication. A master
+that refuses the SUBSCRIBE (401 for a missing or wrong secret, 400 or 403, or an ERROR event
+instead of SUBSCRIBED, e.g. for a principal other than the framework's) is told in the log and in
+``peloton_mesos_subscribe_refusals_total``, and asked again after a backoff (up to a minute):
+pymesos itself would raise in its I/O thread, which interrupts the daemon's main thread, or
+subscribe again at once.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import logging
 import os
 import pwd
 import queue
+import socket
 import threading
 import time
 from collections import Counter
@@ -23,6 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import pymesos.process
 from pymesos import MesosSchedulerDriver, Scheduler
 
 from peloton.config import ServerConfig
@@ -35,7 +47,14 @@ from peloton.core.resources import EXECUTOR_RESOURCES, ZERO, Resources
 from peloton.core.states import NOT_LAUNCHED, TASK_ACTIVE, TASK_PROGRESS, TASK_TERMINAL, TaskState
 from peloton.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from peloton.hostmgr import states as mesos_states
-from peloton.hostmgr.calls import Acknowledger, Pipes, Stream, accept_body
+from peloton.hostmgr.calls import (
+    Acknowledger,
+    Credential,
+    Pipes,
+    Stream,
+    accept_body,
+    read_credential,
+)
 from peloton.hostmgr.hosts import HostRegistry
 from peloton.hostmgr.launch import grace_policy, launch_group
 from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
@@ -50,6 +69,12 @@ _NO_REFUSE = {"refuse_seconds": 0.0}
 LAUNCH_GRACE_SECONDS = 30.0
 # A day: pymesos gives up reconnecting (and aborts the daemon) only after this long.
 _CONNECT_TIMEOUT = 24 * 3600.0
+# A SUBSCRIBE the master refused is sent again after 1 s, then 2, 4, ... up to a minute.
+REFUSED_BACKOFF_FIRST = 1.0
+REFUSED_BACKOFF_MAX = 60.0
+# peloton_mesos_subscribe_refusals_total's reason, by the HTTP status of the refusal (0: an ERROR
+# event instead of SUBSCRIBED).
+REFUSAL_REASONS = {401: "unauthenticated", 403: "forbidden", 400: "invalid", 0: "error"}
 
 
 _DEFAULTS = ServerConfig()
@@ -64,6 +89,8 @@ class MesosSettings:
     framework_name: str = _DEFAULTS.framework_name
     role: str = _DEFAULTS.mesos_role
     principal: str = _DEFAULTS.mesos_principal
+    # The file with the principal's secret ("": no framework authentication); read at start.
+    secret_file: str = _DEFAULTS.mesos_secret_file
     # FrameworkInfo.user; empty: the daemon's. Mesos's own drivers fill in the current user, the
     # v1 API does not, and agents (--switch_user) fail every executor of a user that is empty.
     user: str = _DEFAULTS.mesos_user
@@ -80,6 +107,13 @@ class MesosSettings:
     @classmethod
     def from_config(cls, config: ServerConfig) -> MesosSettings:
         return cls(**config.mesos_values())
+
+
+def refused_backoff(refusals: int) -> float:
+    """Seconds to wait before subscribing again after ``refusals`` refusals in a row: 1, 2, 4,
+    ... up to a minute."""
+    doublings = min(max(refusals, 1) - 1, 16)
+    return min(REFUSED_BACKOFF_MAX, REFUSED_BACKOFF_FIRST * 2.0**doublings)
 
 
 def current_user() -> str:
@@ -129,6 +163,10 @@ class HostManager:
         one only where the database takes concurrent writers)."""
         self.settings = settings
         self._user = settings.user or current_user()
+        self._credential: Credential | None = read_credential(
+            settings.principal, settings.secret_file
+        )
+        self._refusals = 0  # SUBSCRIBEs refused in a row: the backoff
         self._jobs = jobs
         self._store = store
         self.metrics = metrics
@@ -231,10 +269,10 @@ class HostManager:
             self.settings.master,
             use_addict=False,
             implicit_acknowledgements=False,
-            principal=self.settings.principal or None,
             failover=True,
             timeout=_CONNECT_TIMEOUT,
         )
+        driver.set_credential(self._credential)
         driver.owner = self
         self._driver = driver
         self._last_event = self._now()
@@ -262,6 +300,7 @@ class HostManager:
         self._heartbeat_interval = heartbeat or 15.0
         self._last_event = self._now()
         self._suppressed = False
+        self._refusals = 0
         if framework_id != self.framework_id:
             self._store.save_framework_id(self.settings.framework_name, framework_id)
             self.framework_id = framework_id
@@ -367,8 +406,59 @@ class HostManager:
         self._work.put(lambda: self._reconnect(f"master error: {message}"))
 
     def on_disconnected(self) -> None:
+        if self.connected:  # not every failed try to subscribe again
+            log.warning("disconnected from Mesos; pymesos reconnects with backoff")
         self._set_disconnected()
-        log.warning("disconnected from Mesos; pymesos reconnects with backoff")
+
+    def on_refused(self, status: int, body: str) -> float:
+        """The master answered SUBSCRIBE with HTTP ``status`` (not 200, 307 or 503), or with an
+        ERROR event ``body`` (``status`` 0): say why, count it, and return how long to wait
+        before subscribing again."""
+        self._refusals += 1
+        delay = refused_backoff(self._refusals)
+        reason = REFUSAL_REASONS.get(status, "other")
+        self.metrics.subscribe_refusals.labels(reason=reason).inc()
+        log.error(
+            self._refusal_message(status, body),
+            extra={
+                "status": status,
+                "reason": reason,
+                "principal": self.settings.principal,
+                "refused_in_a_row": self._refusals,
+                "retry_in_seconds": delay,
+            },
+        )
+        return delay
+
+    def _refusal_message(self, status: int, body: str) -> str:
+        principal = self.settings.principal
+        subscription = (
+            f"Mesos master refused the subscription of framework {self.settings.framework_name!r}"
+        )
+        if status == 0:
+            if "principal" in body:
+                body += (
+                    " (a framework keeps the principal it registered with, none included: give "
+                    "peloton its former mesos_principal, or a new framework_name once its tasks "
+                    "have ended)"
+                )
+            return f"{subscription}: {body}"
+        answer = f"HTTP {status}" + (f" {body.strip()!r}" if body.strip() else "")
+        if status not in (401, 403):
+            return f"{subscription}: {answer}"
+        prefix = f"Mesos master refused framework authentication for principal {principal!r}"
+        if status == 403:
+            return f"{prefix}: {answer}"
+        if not principal:
+            why = "the master authenticates frameworks: set mesos_principal and mesos_secret_file"
+        elif self._credential is None:
+            why = "the master authenticates frameworks and mesos_secret_file is not set"
+        else:
+            why = (
+                "wrong principal or secret: mesos_secret_file must hold the secret the master's "
+                "--credentials gives this principal"
+            )
+        return f"{prefix}: {answer}: {why}"
 
     # ------------------------------------------------------------------ worker
 
@@ -744,8 +834,8 @@ class HostManager:
         master, stream_id = driver.master, driver.stream_id
         if not master or not stream_id:
             return None
-        credential = driver._basic_credential
-        return Stream(master, stream_id, {"Authorization": credential} if credential else None)
+        credential = self._credential
+        return Stream(master, stream_id, credential.headers() if credential else None)
 
     def _apply(self, job_id: str, items: list[_Planned]) -> list[_Planned]:
         """Write one job's updates; returns those that may be acknowledged (written, or found
@@ -876,9 +966,34 @@ class HostManager:
 
 
 class _Driver(MesosSchedulerDriver):  # type: ignore[misc]
-    """pymesos's driver, telling the owner the heartbeat interval and that events arrive."""
+    """pymesos's driver, telling the owner the heartbeat interval and that events arrive, and
+    waiting (see :class:`_Connection`) before it subscribes again after a refusal."""
 
     owner: HostManager
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stopping = threading.Event()
+
+    def set_credential(self, credential: Credential | None) -> None:
+        """Authenticate every request with ``credential``: pymesos sends ``_basic_credential``
+        as the Authorization header of its SUBSCRIBE and calls (set here rather than from its
+        ``principal`` and ``secret`` arguments, which it encodes as ASCII only)."""
+        self._basic_credential = credential.authorization if credential is not None else None
+
+    def stop(self, failover: bool = False) -> None:
+        self._stopping.set()  # cuts a backoff short
+        super().stop(failover)
+
+    def refused(self, status: int, body: str) -> None:
+        """SUBSCRIBE was answered ``status``: tell the owner, then wait its backoff (on
+        pymesos's I/O thread, which subscribes again once this returns) unless stopped."""
+        try:
+            delay = self.owner.on_refused(status, body)
+        except Exception:
+            log.exception("handling a refused subscription failed")
+            delay = REFUSED_BACKOFF_MAX
+        self._stopping.wait(delay)
 
     def on_subscribed(self, info: dict[str, Any]) -> None:
         super().on_subscribed(info)
@@ -892,6 +1007,78 @@ class _Driver(MesosSchedulerDriver):  # type: ignore[misc]
     def on_event(self, event: dict[str, Any]) -> None:
         self.owner.on_event()
         super().on_event(event)
+
+    def on_error(self, event: dict[str, Any]) -> None:
+        message = str(event.get("message", ""))
+        if self.owner.connected or "removed" in message.lower():
+            super().on_error(event)  # the owner subscribes again (as a new framework if removed)
+            return
+        # No SUBSCRIBED came first: the master refused this subscription in an event (a changed
+        # principal, its authorizer). It closes the stream, and pymesos would subscribe again
+        # at once, to the same answer: wait a backoff first.
+        self.refused(0, message)
+
+
+class _Connection(pymesos.process.Connection):  # type: ignore[misc]
+    """pymesos's connection to the master, which turns a refused SUBSCRIBE of a :class:`_Driver`
+    into :meth:`_Driver.refused` and a new try after it. pymesos raises on any answer but 200,
+    307 and 503 in its I/O thread, which ends the thread and interrupts the main thread with that
+    exception: the daemon would die of a wrong secret, and, restarted, spin against the master."""
+
+    def read(self) -> bool:
+        try:
+            return bool(super().read())
+        except Exception as exc:
+            driver, parser = self._callback, self._parser
+            if not isinstance(driver, _Driver) or self._stream_id is not None or parser is None:
+                raise
+            if not parser.is_headers_complete() or parser.get_status_code() == 200:
+                raise  # not a refusal (a malformed answer): as pymesos does
+            status = int(parser.get_status_code())
+            body = _refused_body(exc) or _rest_of_body(self._sock, parser)
+        # The master holds no connection open while this one waits out its backoff.
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        driver.refused(status, body)
+        return False  # pymesos closes this connection and subscribes again
+
+
+def _rest_of_body(sock: socket.socket, parser: Any) -> str:
+    """The refusal's body when pymesos raised on its headers before the body had arrived (a
+    loaded machine reads them apart): read on for up to a second, as the master sends the body
+    right behind them ("" if it does not come)."""
+    deadline = time.monotonic() + 1.0
+    with contextlib.suppress(OSError):
+        while not parser.is_message_complete():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            sock.settimeout(left)
+            data = sock.recv(65536)
+            if not data:
+                break
+            parser.execute(data, len(data))
+    if not parser.is_message_complete():
+        return ""
+    return bytes(parser.recv_body()).decode(errors="replace")[:500]
+
+
+def _refused_body(exc: Exception) -> str:
+    """The master's answer in pymesos's ``Failed with HTTP <status>: <body bytes>`` ("" if the
+    body had not all arrived: pymesos then fails with a TypeError of its own)."""
+    _, sep, text = str(exc).partition(": ")
+    if not sep or not text.startswith(("b'", 'b"')):
+        return ""
+    try:
+        body = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return ""
+    return body.decode(errors="replace")[:500] if isinstance(body, bytes) else ""
+
+
+# pymesos makes its connections by this module-level name; only a _Driver's refusals are handled
+# differently (any other driver's connection re-raises as pymesos does).
+pymesos.process.Connection = _Connection
 
 
 class _Callbacks(Scheduler):  # type: ignore[misc]

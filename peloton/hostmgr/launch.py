@@ -165,6 +165,7 @@ def _task_info(
         "resources": offered.take(t.resources, t.ports),
         "command": {
             **_command(t),
+            **({"user": t.user} if t.user else {}),
             "environment": {
                 "variables": [
                     {"name": k, "type": "VALUE", "value": v} for k, v in sorted(env.items())

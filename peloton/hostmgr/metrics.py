@@ -51,6 +51,14 @@ class HostmgrMetrics:
             "1 while subscribed to a Mesos master, else 0.",
             registry=registry,
         )
+        self.subscribe_refusals = Counter(
+            "peloton_mesos_subscribe_refusals",
+            "SUBSCRIBE calls the Mesos master refused, by reason: unauthenticated (401: no or "
+            "a wrong secret), forbidden (403), invalid (400), error (an ERROR event instead of "
+            "SUBSCRIBED), other.",
+            ["reason"],
+            registry=registry,
+        )
         self.offers_held = Gauge(
             "peloton_offers_held", "Mesos offers held by the offer pool.", registry=registry
         )

@@ -43,8 +43,11 @@ class Lifecycle(Part):
 
     # ------------------------------------------------------------------ create
 
-    def create_job(self, spec: job_pb2.JobSpec, request_id: str = "") -> tuple[JobRecord, bool]:
-        """Validate and persist a job with its tasks; idempotent on ``request_id``.
+    def create_job(
+        self, spec: job_pb2.JobSpec, request_id: str = "", owner: str = ""
+    ) -> tuple[JobRecord, bool]:
+        """Validate and persist a job with its tasks, created by ``owner``; idempotent on
+        ``request_id``.
 
         Returns the job and whether it was created now (False: an earlier request made it).
         """
@@ -56,7 +59,7 @@ class Lifecycle(Part):
         if ctx.scheduler is not None:
             ctx.scheduler.check_pool(full.pool)
         if request_id:
-            existing = self._job_for_request(request_id, full)
+            existing = self._job_for_request(request_id, full, owner)
             if existing is not None:
                 return existing, False
         job_id = str(uuid.uuid4())
@@ -70,10 +73,11 @@ class Lifecycle(Part):
                     now=ctx.clock(),
                     task_state=TaskState.PENDING,
                     job_state=JobState.PENDING,
+                    owner=owner,
                 )
         except repo.RequestIdTaken:
             # Another request with the same id won the race; answer as it did.
-            existing = self._job_for_request(request_id, full)
+            existing = self._job_for_request(request_id, full, owner)
             if existing is None:
                 raise
             return existing, False
@@ -90,7 +94,9 @@ class Lifecycle(Part):
         # The job as committed (re-reading it would cost a connection and two queries).
         return job, True
 
-    def _job_for_request(self, request_id: str, spec: job_pb2.JobSpec) -> JobRecord | None:
+    def _job_for_request(
+        self, request_id: str, spec: job_pb2.JobSpec, owner: str
+    ) -> JobRecord | None:
         with self._ctx.db.reading() as session:
             job_id = repo.job_id_for_request(session, request_id)
             if job_id is None:
@@ -98,6 +104,9 @@ class Lifecycle(Part):
             job = repo.get_job(session, job_id)
         if job is None:
             return None
+        if job.owner != owner:
+            # A request id names one caller's request: another's must not reach its job.
+            raise AlreadyExists(f"request_id {request_id!r} was used by another caller")
         if repo.spec_to_bytes(job.spec) != repo.spec_to_bytes(spec):
             raise AlreadyExists(
                 f"request_id {request_id!r} was used for job {job.id} with a different spec"

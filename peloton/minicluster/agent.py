@@ -27,7 +27,7 @@ from peloton.minicluster.containers import (
     launch_command,
     remove_scratch,
 )
-from peloton.minicluster.master import Master
+from peloton.minicluster.master import Master, command_user
 from peloton.minicluster.model import Agent, Executor, Task
 
 # What says which GPUs a task may use; a task never inherits the agent's.
@@ -76,6 +76,14 @@ def _directory_error(executor: Executor, why: str) -> str:
     )
 
 
+def _identity(user: pwd.struct_passwd) -> tuple[int, int, tuple[int, ...]] | None:
+    """Who a task of ``user`` runs as (uid, gid, supplementary groups); None if that is the
+    agent itself (an agent that is not root runs every task as itself)."""
+    if user.pw_uid == os.geteuid():
+        return None
+    return user.pw_uid, user.pw_gid, tuple(os.getgrouplist(user.pw_name, user.pw_gid))
+
+
 def task_sandbox(task: Task) -> Path | None:
     """A task's sandbox: its own dir under the default executor's run dir (a nested container),
     or the command executor's run dir."""
@@ -92,7 +100,10 @@ class ProcessRunner:
     As a Mesos agent with ``--switch_user`` (its default): the executor's directory is owned by
     the framework's user (a command task's CommandInfo.user if set), an empty or unknown user
     fails the executor, and when the agent runs as root its tasks run as that user (its uid,
-    gid and groups); an agent that is not root can only run tasks as itself.
+    gid and groups); an agent that is not root can only run tasks as itself. A task of a group
+    whose CommandInfo names a user runs as that user instead, as a nested container does, in a
+    sandbox chowned to it; a user the agent does not know fails that task as Mesos's launch
+    helper does (exit status 1, the reason on its stderr).
 
     A task whose ContainerInfo names an image runs in a container of it (see
     :mod:`peloton.minicluster.containers`): provisioned on a thread of its own (extracting layers
@@ -125,26 +136,39 @@ class ProcessRunner:
             os.chown(directory, user.pw_uid, user.pw_gid)
         except OSError as exc:
             return _directory_error(executor, f"Failed to chown '{directory}': {exc.strerror}")
-        groups = os.getgrouplist(user.pw_name, user.pw_gid)
-        executor.run_as = (user.pw_uid, user.pw_gid, tuple(groups))
+        executor.run_as = _identity(user)
         return ""
 
     def start(self, agent: Agent, task: Task) -> None:
         sandbox = task_sandbox(task)
         assert sandbox is not None and task.executor.directory is not None
-        run_as = task.executor.run_as
+        # A task of a group whose CommandInfo names a user runs as that user, as the agent runs
+        # a nested container (LAUNCH_NESTED_CONTAINER: the command's user over the executor's),
+        # in a sandbox chowned to it.
+        user = command_user(task.info) if task.executor.group else ""
+        task.run_as = task.executor.run_as
+        unknown = False
+        if user and user != task.executor.user:
+            try:
+                task.run_as = _identity(pwd.getpwnam(user))
+            except KeyError:
+                unknown = True
+        run_as = task.run_as
         try:
             sandbox.mkdir(parents=True, exist_ok=True)
             _link_latest(task.executor.directory)
             for path in (sandbox, sandbox / "stdout", sandbox / "stderr"):
                 path.touch()
-                if run_as is not None:
+                if run_as is not None and not unknown:
                     os.chown(path, run_as[0], run_as[1])
         except OSError as exc:
             self.master.task_exited(task, None, f"Failed to create the sandbox: {exc}")
             return
         task.sandbox = sandbox
         self.master.agent_update(task, "TASK_STARTING")
+        if unknown:
+            self._unknown_user(task, sandbox, user)
+            return
         if image_name(task.info) is not None:
             self._start_container(agent, task, sandbox)
             return
@@ -174,6 +198,23 @@ class ProcessRunner:
         threading.Thread(
             target=self._wait, args=(task, proc), name=f"task-{task.task_id}", daemon=True
         ).start()
+
+    def _unknown_user(self, task: Task, sandbox: Path, user: str) -> None:
+        """A nested container of a user the agent does not have, as Mesos 1.11 runs it: the
+        chown of its sandbox only warns, the container is launched (RUNNING), and its launch
+        helper, finding no uid for the user, says so on the container's stderr and exits 1,
+        which the default executor reports as any exit (TASK_FAILED "Command exited with status
+        1"; the rest of the group is killed). The exit comes after the whole group started."""
+        with open(sandbox / "stderr", "a") as err:
+            err.write(f"Failed to get the uid of user '{user}': not found\n")
+        self.master.agent_update(task, "TASK_RUNNING")
+
+        def exited() -> None:
+            with self.master.lock:
+                if not task.abandoned and not task.terminal:
+                    self.master.task_exited(task, 1)
+
+        self.master.timers.call_later(0.0, exited)
 
     def _env(self, agent: Agent, task: Task, sandbox: Path) -> dict[str, str]:
         # A Mesos agent passes its own environment on, then sets what Mesos sets.

@@ -18,7 +18,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -74,6 +74,13 @@ class Minicluster:
     image runs in a container of it (see :mod:`peloton.minicluster.containers`; real agents run
     as root only). Layers are extracted once, into ``work_dir/store/docker``, for every agent.
     Without it, a task with an image fails (TASK_FAILED, "Unsupported container image type").
+
+    ``credentials`` (secrets by principal, e.g. from :func:`~peloton.minicluster.http.
+    read_credentials`): framework authentication, as a master with
+    ``--authenticate_http_frameworks --http_framework_authenticators=basic --credentials=FILE``.
+    Every request to the scheduler endpoint must then authenticate with HTTP Basic (else 401, with
+    ``WWW-Authenticate: Basic realm="mesos-master-scheduler"``), and a framework's principal must
+    be the authenticated one (else 400).
     """
 
     def __init__(
@@ -90,8 +97,10 @@ class Minicluster:
         task_duration: TaskDuration | None = None,
         free_ports: bool = False,
         docker_registry: Path | None = None,
+        credentials: Mapping[str, str] | None = None,
     ) -> None:
         self._specs = list(agents)
+        self._credentials = dict(credentials) if credentials is not None else None
         self._registry = docker_registry
         self._port = port
         self._host = host
@@ -140,7 +149,7 @@ class Minicluster:
         )
         master.runner = self._runner = runner
         try:
-            self._server = MasterServer(master, self._host, self._port)
+            self._server = MasterServer(master, self._host, self._port, self._credentials)
             master.port = self._port = self._server.port
             for spec in self._specs:
                 self.add_agent(spec)
@@ -318,7 +327,7 @@ class Minicluster:
         assert self._server is not None
         self._server.stop()
         self.master.restart()
-        self._server = MasterServer(self.master, self._host, self.master.port)
+        self._server = MasterServer(self.master, self._host, self.master.port, self._credentials)
 
     def rescind_offers(self) -> None:
         """Rescind every outstanding offer."""

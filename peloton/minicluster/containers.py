@@ -148,7 +148,7 @@ class Containerizer:
             "shm_size_mb": shm_size,
             "private_ipc": private_ipc,
             "devices": _devices(task.gpus),
-            "user": _user(task.executor),
+            "user": _user(task),
         }
         for mount in (root, *spec["mounts"]):
             for directory in (mount["upper"], mount["work"]):
@@ -326,8 +326,8 @@ def _devices(gpus: tuple[int, ...]) -> list[str]:
     return [d for d in wanted if os.path.exists(d)]
 
 
-def _user(executor: Executor) -> tuple[int, int, list[int]] | None:
-    if executor.run_as is None:
+def _user(task: Task) -> tuple[int, int, list[int]] | None:
+    if task.run_as is None:
         return None
-    uid, gid, groups = executor.run_as
+    uid, gid, groups = task.run_as
     return uid, gid, list(groups)

@@ -1,18 +1,26 @@
 """HTTP for the minicluster: the master's v1 scheduler endpoint and the agents' ``/files/read``.
 
-Status codes and messages follow Mesos 1.11's ``master/http.cpp`` and ``files/files.cpp``.
+Status codes and messages follow Mesos 1.11's ``master/http.cpp`` and ``files/files.cpp``. With
+credentials (a master's ``--authenticate_http_frameworks`` with the ``basic`` authenticator and
+``--credentials``) the scheduler endpoint takes only requests with HTTP Basic authentication of a
+principal and its secret, and answers anything else as libprocess does (observed on Mesos 1.11:
+every missing, malformed or wrong credential gets the same 401).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import logging
 import os
 import queue
 import select
 import socket
+import stat
 import threading
 import time
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -28,6 +36,11 @@ from peloton.minicluster.validation import missing_fields
 log = logging.getLogger(__name__)
 
 SCHEDULER_PATHS = ("/api/v1/scheduler", "/master/api/v1/scheduler")
+# The authentication realm of the scheduler endpoint (DEFAULT_HTTP_FRAMEWORK_AUTHENTICATION_REALM).
+SCHEDULER_REALM = "mesos-master-scheduler"
+# What Mesos 1.11 answers a scheduler request without valid credentials (the body is libprocess's
+# default for an empty one).
+UNAUTHORIZED_BODY = b"401 Unauthorized."
 # How often a stream writer looks for a peer that went away while nothing was to be written.
 _PEER_CHECK = 0.25
 # Request header limits (http.server's): longer lines or more headers are answered 431.
@@ -200,6 +213,72 @@ def _validate_subscribe(call: dict[str, Any]) -> None:
         )
 
 
+def read_credentials(path: Path) -> dict[str, str]:
+    """The secrets by principal of a Mesos ``--credentials`` file: JSON
+    ``{"credentials": [{"principal": P, "secret": S}, ...]}``. ValueError naming what is wrong.
+    A file others may access is used with a warning, in Mesos's words."""
+    try:
+        text = path.read_text()
+        mode = path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ValueError(f"cannot read credentials file {path}: {reason}") from None
+    if mode & 0o007:
+        log.warning(
+            f"Permissions on credentials file '{path}' are too open; it is recommended that "
+            "your credentials file is NOT accessible by others",
+            extra={"mode": f"{stat.S_IMODE(mode):04o}"},
+        )
+    shape = '{"credentials": [{"principal": "...", "secret": "..."}]}'
+    try:
+        data = orjson.loads(text)
+    except ValueError:
+        raise ValueError(f"credentials file {path} is not JSON ({shape})") from None
+    items = data.get("credentials") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"credentials file {path} must be {shape}")
+    secrets: dict[str, str] = {}
+    for i, item in enumerate(items):
+        principal = item.get("principal") if isinstance(item, dict) else None
+        secret = item.get("secret") if isinstance(item, dict) else None
+        if not isinstance(principal, str) or not principal or not isinstance(secret, str):
+            raise ValueError(
+                f"credentials file {path}: credentials[{i}] needs a 'principal' and a 'secret' "
+                "(strings)"
+            )
+        secrets[principal] = secret
+    return secrets
+
+
+def authenticate(header: str | None, credentials: Mapping[str, str]) -> str | None:
+    """The principal an ``Authorization`` header authenticates (None: refused), as libprocess's
+    basic authenticator decides: ``Basic``, base64 of exactly ``principal:secret``."""
+    scheme, _, token = (header or "").strip().partition(" ")
+    if scheme != "Basic" or not token or " " in token.strip():
+        return None
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    parts = decoded.split(":")
+    if len(parts) != 2 or credentials.get(parts[0]) != parts[1]:
+        return None
+    return parts[0]
+
+
+def _check_subscribe_principal(call: dict[str, Any], principal: str) -> None:
+    """An authenticated SUBSCRIBE's FrameworkInfo.principal must be the authenticated one; the
+    master fills it in where it is left out (as Mesos 1.11 does)."""
+    info = call["subscribe"]["framework_info"]
+    named = info.setdefault("principal", principal)
+    if named != principal:
+        raise CallError(
+            400,
+            f"Failed to validate scheduler::Call: Authenticated principal '{principal}' does "
+            f"not match principal '{named}' set in `FrameworkInfo`",
+        )
+
+
 class _Server(ThreadingHTTPServer):
     """Tracks its connections so that stopping it drops them, as a dying process would."""
 
@@ -248,11 +327,19 @@ class _Background:
 
 
 class MasterServer(_Background):
-    """The master's HTTP server on ``host:port`` (0: any free port)."""
+    """The master's HTTP server on ``host:port`` (0: any free port). ``credentials`` (secrets
+    by principal): the scheduler endpoint authenticates every request against them."""
 
-    def __init__(self, master: Master, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        master: Master,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        credentials: Mapping[str, str] | None = None,
+    ) -> None:
         self.master = master
-        super().__init__((host, port), type("MasterHandler", (_MasterHandler,), {"master": master}))
+        attributes = {"master": master, "credentials": credentials}
+        super().__init__((host, port), type("MasterHandler", (_MasterHandler,), attributes))
 
 
 class _Headers(dict[str, str]):
@@ -324,6 +411,22 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _MasterHandler(_Handler):
     master: Master
+    credentials: Mapping[str, str] | None
+
+    def _authenticated(self) -> tuple[bool, str | None]:
+        """(whether the request may go on, its principal): without credentials every request
+        goes on unauthenticated; with them one without a valid credential is answered 401."""
+        if self.credentials is None:
+            return True, None
+        principal = authenticate(self.headers.get("Authorization"), self.credentials)
+        if principal is None:
+            self._reply(
+                401,
+                UNAUTHORIZED_BODY,
+                headers={"WWW-Authenticate": f'Basic realm="{SCHEDULER_REALM}"'},
+            )
+            return False, None
+        return True, principal
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
@@ -338,7 +441,8 @@ class _MasterHandler(_Handler):
         elif path in ("/health", "/master/health"):
             self._reply(200)
         elif path in SCHEDULER_PATHS:
-            self._reply(405, b"Expecting 'POST', received 'GET'", headers={"Allow": "POST"})
+            if self._authenticated()[0]:  # libprocess authenticates before the handler runs
+                self._reply(405, b"Expecting 'POST', received 'GET'", headers={"Allow": "POST"})
         else:
             self._reply(404)
 
@@ -353,8 +457,11 @@ class _MasterHandler(_Handler):
         if path not in SCHEDULER_PATHS:
             self._reply(404)
             return
+        allowed, principal = self._authenticated()
+        if not allowed:
+            return
         try:
-            self._handle(body)
+            self._handle(body, principal)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the caller hung up: nobody to answer
         except Exception as exc:
@@ -362,10 +469,13 @@ class _MasterHandler(_Handler):
             log.exception("minicluster call failed")
             self._reply(500, f"Internal minicluster error: {exc!r}".encode())
 
-    def _handle(self, body: bytes) -> None:
+    def _handle(self, body: bytes, principal: str | None) -> None:
+        """Answer a call; ``principal``: the authenticated one (None: not authenticated)."""
         try:
             call = self._parse(body)
             if call["type"] == "SUBSCRIBE":
+                if principal is not None:
+                    _check_subscribe_principal(call, principal)
                 if self.headers.get("Mesos-Stream-Id"):
                     raise CallError(
                         400, "Subscribe calls should not include the 'Mesos-Stream-Id' header"
@@ -373,7 +483,7 @@ class _MasterHandler(_Handler):
                 sub, _ = self.master.subscribe(call)
                 self._stream(sub)
                 return
-            self.master.call(call, self.headers.get("Mesos-Stream-Id"))
+            self.master.call(call, self.headers.get("Mesos-Stream-Id"), principal)
         except CallError as exc:
             self._reply(exc.status, exc.message.encode("utf-8"))
             return

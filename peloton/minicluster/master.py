@@ -359,6 +359,15 @@ class Master:
                 sub.close()
                 return sub, Framework(fid, info)
             fw = self.frameworks.get(fid) if fid is not None else None
+            if (
+                fw is not None
+                and not fw.recovered
+                and fw.info.get("principal", "") != info.get("principal", "")
+            ):
+                # Mesos answers 200 and this error event; the framework goes on as it was.
+                sub.send(_error_event("Changing framework's principal is not allowed."))
+                sub.close()
+                return sub, fw
             if fw is None:
                 fid = fid or f"{self.id}-{next(self._framework_seq):04d}"
                 fw = self.frameworks[fid] = Framework(fid, info)
@@ -457,13 +466,22 @@ class Master:
 
     # ------------------------------------------------------------------ calls
 
-    def call(self, call: dict[str, Any], stream_id: str | None) -> None:
-        """Handle a non-SUBSCRIBE call (already validated for shape); raises CallError."""
+    def call(
+        self, call: dict[str, Any], stream_id: str | None, principal: str | None = None
+    ) -> None:
+        """Handle a non-SUBSCRIBE call (already validated for shape); raises CallError.
+        ``principal``: the one the request authenticated as (None: not authenticated)."""
         fid = _value(call.get("framework_id"))
         with self.lock:
             fw = self.frameworks.get(fid or "")
             if fw is None or fw.recovered:
                 raise CallError(403, "Framework cannot be found")
+            if principal is not None and principal != fw.info.get("principal", ""):
+                raise CallError(
+                    400,
+                    f"Authenticated principal '{principal}' does not match principal "
+                    f"'{fw.info.get('principal', '')}' set in `FrameworkInfo`",
+                )
             if fw.subscriber is None or fw.subscriber.closed:
                 raise CallError(403, "Framework is not subscribed")
             if stream_id is None:
@@ -661,7 +679,7 @@ class Master:
                 )
             for p in planned:
                 executor = self._executor(
-                    agent, fw, p.task_id, ResourceSet(), False, _command_user(p.info) or fw.user
+                    agent, fw, p.task_id, ResourceSet(), False, command_user(p.info) or fw.user
                 )
                 self._launch(agent, executor, p.info, p.task_id, p.resources)
                 self._drop_if_not_started(executor)
@@ -1153,9 +1171,12 @@ class Master:
 
     def _framework_state(self, fw: Framework) -> dict[str, Any]:
         tasks = [t for k, t in self.tasks.items() if k[0] == fw.id]
+        # Mesos leaves "principal" out of a framework that has none.
+        principal = {"principal": fw.info["principal"]} if fw.info.get("principal") else {}
         return {
             "id": fw.id,
             "name": fw.name,
+            **principal,
             "active": fw.connected and not fw.suppressed.issuperset(fw.roles),
             "connected": fw.connected,
             "recovered": fw.recovered,
@@ -1172,6 +1193,8 @@ class Master:
                     "executor_id": t.executor.executor_id,
                     "state": t.state,
                     "resources": t.resources.to_state(),
+                    # As a real master: the user only where the TaskInfo's command names one.
+                    **({"user": command_user(t.info)} if command_user(t.info) else {}),
                 }
                 for t in tasks
             ],
@@ -1196,7 +1219,8 @@ def _agent_state(agent: Agent) -> dict[str, Any]:
     }
 
 
-def _command_user(info: dict[str, Any]) -> str:
+def command_user(info: dict[str, Any]) -> str:
+    """A TaskInfo's CommandInfo.user ('' if unset)."""
     command = info.get("command")
     user = command.get("user") if isinstance(command, dict) else None
     return user if isinstance(user, str) else ""

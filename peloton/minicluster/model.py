@@ -174,6 +174,10 @@ class Task:
     handle: Any = None  # the runner's (a Popen, a simulated timer)
     pid: int | None = None
     sandbox: Path | None = None
+    # Who its processes run as (uid, gid, groups): its executor's ``run_as``, or for a task of a
+    # group with a CommandInfo.user of its own, that user's (a nested container's user). None:
+    # as the agent itself.
+    run_as: tuple[int, int, tuple[int, ...]] | None = None
     # The status update stream: updates not yet acknowledged; the head has been sent.
     updates: deque[dict[str, Any]] = field(default_factory=deque)
 

@@ -13,8 +13,9 @@ Every task starts knowing its gang (task discovery): ``PELOTON_RANK``, ``PELOTON
 ``PELOTON_LOCAL_RANK``/``SIZE`` (among the gang's tasks on its host), ``PELOTON_CROSS_RANK``/
 ``SIZE`` (among the hosts holding a task of its local rank), ``PELOTON_PEERS`` (``address:port``
 of every rank, in rank order: each task's first port, taken from the offers) and
-``PELOTON_PORT_<NAME>`` for its named ports. The collective runtime boots from exactly these
-(the contract: :mod:`peloton.core.gangenv`).
+``PELOTON_PORT_<NAME>`` for its named ports, and ``PELOTON_GANG_SECRET``, new for every launch
+of a gang, which its ranks prove to one another when they connect. The collective runtime boots
+from exactly these (the contract: :mod:`peloton.core.gangenv`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Protocol
 
 from peloton.core.containers import container_launch
 from peloton.core.gang import AdmittedGangs, Gang
-from peloton.core.gangenv import GangEnv, topology
+from peloton.core.gangenv import GANG_SECRET, GangEnv, new_secret, topology
 from peloton.core.ledger import LaunchLedger
 from peloton.core.offers import HostOffers, LaunchTask, Lease, LeaseError, executor_id, take_ports
 from peloton.core.records import Placement, TaskUpdate, attempt_id
@@ -358,7 +359,12 @@ class Launcher:
             self.metrics.gang_seconds.observe(max(0.0, time.time() - gang.admitted_at))
         log.info(
             "gang launched",
-            extra={"job_id": gang.job_id, "tasks": gang.size, "hosts": len(placed.leases)},
+            extra={
+                "job_id": gang.job_id,
+                "tasks": gang.size,
+                "hosts": len(placed.leases),
+                "user": gang.spec.user,
+            },
         )
         self._feasible.discard(gang.job_id)
         return True
@@ -410,6 +416,9 @@ class Launcher:
         elastic: Mapping[str, str] = {}
         if is_elastic(gang.spec) and self._rendezvous is not None:
             elastic = self._rendezvous.task_env(gang.job_id, gang.spec)
+        # Only this launch's tasks form its ring: a new secret for it. An elastic gang's members
+        # join rings over many launches: its endpoint keeps one secret for the job.
+        secret = elastic.get(GANG_SECRET) or new_secret()
         for rank, (instance, host) in enumerate(zip(gang.instances, hosts, strict=True)):
             task_id = attempt_id(gang.job_id, instance, attempts[instance])
             gang_env = GangEnv.at(
@@ -421,6 +430,7 @@ class Launcher:
                 instance_id=instance,
                 attempt_id=task_id,
                 ports=tuple(zip(names, ports[rank][1:], strict=True)),
+                secret=secret,
             )
             env = {**gang.spec.task.env, **gang_env.to_env(), **elastic}
             by_host.setdefault(host, []).append(
@@ -433,6 +443,7 @@ class Launcher:
                     ports=tuple(ports[rank]),
                     kill_grace_seconds=gang.kill_grace_seconds,
                     container=container,
+                    user=gang.spec.user,
                 )
             )
         return [(leases[h], tasks) for h, tasks in by_host.items()]

@@ -142,6 +142,7 @@ def job_record(row: JobRow | Row[Any]) -> JobRecord:
         not_before=row.not_before,
         generation=row.generation or 0,
         gang_size=row.gang_size or 0,
+        owner=row.owner,
     )
 
 
@@ -269,8 +270,9 @@ def insert_job(
     now: datetime,
     task_state: TaskState,
     job_state: JobState,
+    owner: str = "",
 ) -> JobRecord:
-    """Write a job, its labels, one row per task, and the creation event.
+    """Write a job (created by ``owner``), its labels, one row per task, and the creation event.
 
     Returns the job as written, as :func:`get_job` would read it back in this transaction (so
     the caller need not re-read it: the spec goes through the same JSON as the stored one)."""
@@ -291,6 +293,7 @@ def insert_job(
         "created_at": now,
         "updated_at": now,
         "version": 1,
+        "owner": owner,
     }
     labels = [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()]
     event = {
@@ -326,6 +329,7 @@ def insert_job(
         updated_at=written,
         version=1,
         task_counts={task_state: spec.instances},
+        owner=owner,
     )
 
 
@@ -583,6 +587,12 @@ def list_jobs(
         query = query.where(JobRow.state.in_(sorted(s.value for s in flt.states)))
     if flt.pool:
         query = query.where(JobRow.pool == flt.pool)
+    if flt.pools is not None:
+        if not flt.pools:
+            return [], ""  # the caller may view no pool
+        # In the query, so that a page holds page_size jobs the caller may see (the index on
+        # (pool, created_at, id) serves it).
+        query = query.where(JobRow.pool.in_(sorted(flt.pools)))
     if flt.name_prefix:
         # LIKE is case-insensitive on SQLite; the substr test keeps the match exact everywhere.
         query = query.where(

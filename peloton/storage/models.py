@@ -100,6 +100,9 @@ class JobRow(Base):
     # (0 and 0 until the first generation forms, and for fixed gangs).
     generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     gang_size: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Who created the job (the caller's name; "" on a daemon without authentication): it may
+    # kill, restart and delete the job with submit on its pool.
+    owner: Mapped[str] = mapped_column(String(255), default="", server_default="")
 
     __table_args__ = (
         Index("ix_jobs_created", "created_at", "id"),
@@ -289,3 +292,40 @@ class DaemonRow(Base):
     address: Mapped[str] = mapped_column(String(255))
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class AuditRecordRow(Base):
+    """One mutating RPC, as the audit trail keeps it: who called, what about, how it ended.
+
+    Append-only: the repository (:mod:`peloton.storage.audit`) only inserts and reads, and the
+    migration adds triggers that refuse UPDATE and DELETE on both backends. Nothing refers to
+    another table: a record outlives the job, pool or host it names."""
+
+    __tablename__ = "audit_records"
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    # When the RPC began (the daemon's clock).
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # The caller: its user name ("" for the anonymous caller), groups (a JSON list) and how it
+    # proved them (peloton.core.access.Caller.via).
+    user_name: Mapped[str] = mapped_column(String(255))
+    groups: Mapped[str] = mapped_column(Text)
+    via: Mapped[str] = mapped_column(String(32))
+    # The full method name (/peloton.v1.JobService/KillJob).
+    method: Mapped[str] = mapped_column(String(255))
+    # What the call was about: a job id, pool path or hostname ("" when the request named none).
+    target: Mapped[str] = mapped_column(String(512))
+    # The client's address as gRPC gives it (ipv4:10.0.0.5:51234).
+    peer: Mapped[str] = mapped_column(String(255))
+    # The status code's name (OK, PERMISSION_DENIED, ...) and its details.
+    code: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    # The daemon that served the call (its daemon id; "" for the only daemon).
+    daemon: Mapped[str] = mapped_column(String(255))
+
+    __table_args__ = (
+        # Newest first, and the filters that narrow the most, each newest first.
+        Index("ix_audit_records_at", "at", "id"),
+        Index("ix_audit_records_user_name", "user_name", "at"),
+        Index("ix_audit_records_target", "target", "at"),
+    )

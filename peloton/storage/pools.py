@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from peloton.core.access import Grant, Permission, Principal
 from peloton.core.pools import KindConfig, Policy, PoolConfig, QueuePolicy
 from peloton.core.states import JOB_TERMINAL
 from peloton.storage.db import Database
@@ -27,7 +28,19 @@ def config_to_json(config: PoolConfig) -> str:
         if not math.isinf(kc.limit):  # JSON has no infinity: unlimited is a missing limit
             entry["limit"] = kc.limit
         kinds[kind] = entry
-    return json.dumps({"kinds": kinds, "queue_policy": config.queue_policy.value}, sort_keys=True)
+    data: dict[str, Any] = {"kinds": kinds, "queue_policy": config.queue_policy.value}
+    if config.grants:
+        data["grants"] = [
+            {g.principal.kind: g.principal.name, "permission": str(g.permission)}
+            for g in config.grants
+        ]
+    return json.dumps(data, sort_keys=True)
+
+
+def _grant_of(data: dict[str, str]) -> Grant:
+    permission = Permission[data.pop("permission").upper()]
+    ((kind, name),) = data.items()
+    return Grant(Principal(kind, name), permission)
 
 
 def config_of(row: PoolRow) -> PoolConfig:
@@ -42,7 +55,12 @@ def config_of(row: PoolRow) -> PoolConfig:
         for kind, v in data["kinds"].items()
     }
     return PoolConfig(
-        path=row.path, owner=row.owner, kinds=kinds, queue_policy=QueuePolicy(data["queue_policy"])
+        path=row.path,
+        owner=row.owner,
+        kinds=kinds,
+        queue_policy=QueuePolicy(data["queue_policy"]),
+        # Pools stored before grants existed have none.
+        grants=tuple(_grant_of(g) for g in data.get("grants", ())),
     )
 
 

@@ -417,6 +417,7 @@ class JobSpec(_message.Message):
     PREEMPTION_FIELD_NUMBER: _builtins.int
     MAX_RUNTIME_SECONDS_FIELD_NUMBER: _builtins.int
     PLACEMENT_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     pool: _builtins.str
     """Leaf resource pool path, e.g. /research/vision."""
@@ -428,6 +429,10 @@ class JobSpec(_message.Message):
     placement: _builtins.str
     """How the gang's tasks are laid out on hosts: "pack" (empty means pack: fewest hosts and
     racks) or "spread" (one task per host where possible, over as many racks as possible).
+    """
+    user: _builtins.str
+    """The Unix user the tasks run as (Mesos CommandInfo.user); empty: the framework's user (the
+    daemon's mesos_user). The caller must be allowed to run tasks as it (run_as_file).
     """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
@@ -453,10 +458,11 @@ class JobSpec(_message.Message):
         preemption: Global___PreemptionPolicy | None = ...,
         max_runtime_seconds: _builtins.int = ...,
         placement: _builtins.str = ...,
+        user: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "preemption", b"preemption", "restart", b"restart", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "instances", b"instances", "labels", b"labels", "max_runtime_seconds", b"max_runtime_seconds", "name", b"name", "placement", b"placement", "pool", b"pool", "preemption", b"preemption", "priority", b"priority", "restart", b"restart", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "instances", b"instances", "labels", b"labels", "max_runtime_seconds", b"max_runtime_seconds", "name", b"name", "placement", b"placement", "pool", b"pool", "preemption", b"preemption", "priority", b"priority", "restart", b"restart", "task", b"task", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -498,6 +504,7 @@ class Job(_message.Message):
     TASK_STATES_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     ELASTIC_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: Global___JobState.ValueType
     reason: _builtins.str
@@ -505,6 +512,8 @@ class Job(_message.Message):
     message: _builtins.str
     version: _builtins.int
     """Incremented on every change of the job's state or spec (optimistic concurrency)."""
+    owner: _builtins.str
+    """Output only: the user who created the job (empty on a daemon without authentication)."""
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -532,10 +541,11 @@ class Job(_message.Message):
         task_states: _abc.Iterable[Global___TaskStateCount] | None = ...,
         version: _builtins.int = ...,
         elastic: Global___ElasticStatus | None = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "elastic", b"elastic", "spec", b"spec", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "elastic", b"elastic", "job_id", b"job_id", "message", b"message", "reason", b"reason", "spec", b"spec", "state", b"state", "task_states", b"task_states", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "elastic", b"elastic", "job_id", b"job_id", "message", b"message", "owner", b"owner", "reason", b"reason", "spec", b"spec", "state", b"state", "task_states", b"task_states", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -88,6 +88,63 @@ its level is promoted (no starvation). Admitted only where placement finds hosts
 """
 Global___QueuePolicy: _TypeAlias = QueuePolicy  # noqa: Y015
 
+class _Permission:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PermissionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Permission.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PERMISSION_UNSPECIFIED: _Permission.ValueType  # 0
+    """invalid in a grant"""
+    PERMISSION_VIEW: _Permission.ValueType  # 1
+    """Read the pool's jobs, their tasks, logs and GPUs."""
+    PERMISSION_SUBMIT: _Permission.ValueType  # 2
+    """Also create jobs in the pool, and kill, restart and delete one's own."""
+    PERMISSION_ADMIN: _Permission.ValueType  # 3
+    """Also kill, restart and delete anyone's jobs, and create, update and delete child pools."""
+
+class Permission(_Permission, metaclass=_PermissionEnumTypeWrapper):
+    """What a grant allows on a pool and on every pool below it. Each permission includes the ones
+    before it: ADMIN implies SUBMIT, which implies VIEW (README "Pools and permissions").
+    """
+
+PERMISSION_UNSPECIFIED: Permission.ValueType  # 0
+"""invalid in a grant"""
+PERMISSION_VIEW: Permission.ValueType  # 1
+"""Read the pool's jobs, their tasks, logs and GPUs."""
+PERMISSION_SUBMIT: Permission.ValueType  # 2
+"""Also create jobs in the pool, and kill, restart and delete one's own."""
+PERMISSION_ADMIN: Permission.ValueType  # 3
+"""Also kill, restart and delete anyone's jobs, and create, update and delete child pools."""
+Global___Permission: _TypeAlias = Permission  # noqa: Y015
+
+@_typing.final
+class Grant(_message.Message):
+    """A permission given to one user or one group: exactly one of user and group."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    PERMISSION_FIELD_NUMBER: _builtins.int
+    user: _builtins.str
+    group: _builtins.str
+    permission: Global___Permission.ValueType
+    def __init__(
+        self,
+        *,
+        user: _builtins.str = ...,
+        group: _builtins.str = ...,
+        permission: Global___Permission.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "permission", b"permission", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Grant: _TypeAlias = Grant  # noqa: Y015
+
 @_typing.final
 class ResourceConfig(_message.Message):
     """A pool's settings for one resource kind. Kinds left out: no reservation, no limit, share 1."""
@@ -156,6 +213,7 @@ class PoolSpec(_message.Message):
     OWNER_FIELD_NUMBER: _builtins.int
     RESOURCES_FIELD_NUMBER: _builtins.int
     QUEUE_POLICY_FIELD_NUMBER: _builtins.int
+    GRANTS_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """Absolute path, e.g. /research/vision; the parent must exist."""
     owner: _builtins.str
@@ -164,6 +222,12 @@ class PoolSpec(_message.Message):
     def resources(self) -> _containers.MessageMap[_builtins.str, Global___ResourceConfig]:
         """Keyed by kind: cpu, mem_mb, disk_mb, gpu."""
 
+    @_builtins.property
+    def grants(self) -> _containers.RepeatedCompositeFieldContainer[Global___Grant]:
+        """Who may do what on this pool and the pools below it, in addition to the grants of its
+        ancestors (a pool may add permissions, not remove them). At most 256.
+        """
+
     def __init__(
         self,
         *,
@@ -171,10 +235,11 @@ class PoolSpec(_message.Message):
         owner: _builtins.str = ...,
         resources: _abc.Mapping[_builtins.str, Global___ResourceConfig] | None = ...,
         queue_policy: Global___QueuePolicy.ValueType = ...,
+        grants: _abc.Iterable[Global___Grant] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["owner", b"owner", "path", b"path", "queue_policy", b"queue_policy", "resources", b"resources"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grants", b"grants", "owner", b"owner", "path", b"path", "queue_policy", b"queue_policy", "resources", b"resources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "auth.h"
 #include "nccl_comm.h"
 #include "net.h"
 #include "runtime.h"
@@ -48,6 +49,9 @@ PYBIND11_MODULE(_core, m) {
     return py::make_tuple(ok, why);
   });
   m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); });
+  m.def("refused_connections", &refused_connections,
+        "Connections this process's runtime refused (no rank of its gang: wrong or no gang secret, garbage, "
+        "silence).");
   m.def("end_generation", &end_generation, py::arg("generation"),
         "Ranks still connecting for this generation (or an earlier one) give up at once.");
 #ifdef PELOTON_HAVE_NCCL_H
@@ -78,10 +82,10 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Runtime>(m, "Runtime")
       .def(py::init<int, int, const std::vector<std::string>&, const std::vector<int>&, double, size_t, int, int,
-                    int, int, uint32_t>(),
+                    int, int, uint32_t, const std::string&>(),
            py::arg("rank"), py::arg("size"), py::arg("hosts"), py::arg("ports"), py::arg("timeout"),
            py::arg("fusion_threshold"), py::arg("local_rank") = 0, py::arg("local_size") = 1,
-           py::arg("cross_rank") = -1, py::arg("cross_size") = -1, py::arg("generation") = 0,
+           py::arg("cross_rank") = -1, py::arg("cross_size") = -1, py::arg("generation") = 0, py::arg("secret") = "",
            py::call_guard<py::gil_scoped_release>())
       .def(
           "enqueue",

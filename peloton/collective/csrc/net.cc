@@ -140,7 +140,7 @@ int connect_to(const std::string& host, int port, Clock::time_point deadline, in
                             std::to_string(port) + " (" + last + ")");
 }
 
-int accept_until(int listen_fd, Clock::time_point deadline, uint32_t generation) {
+int accept_until(int listen_fd, Clock::time_point deadline, uint32_t generation, std::string* address) {
   for (;;) {
     check_generation(generation);
     // In slices, so that a generation that ends is noticed while waiting.
@@ -149,8 +149,17 @@ int accept_until(int listen_fd, Clock::time_point deadline, uint32_t generation)
       if (Clock::now() >= deadline) return -1;
       continue;
     }
-    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) return fd;
+    sockaddr_in from{};
+    socklen_t from_len = sizeof from;
+    const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&from), &from_len, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      if (address != nullptr) {
+        char ip[INET_ADDRSTRLEN] = "?";
+        ::inet_ntop(AF_INET, &from.sin_addr, ip, sizeof ip);
+        *address = std::string(ip) + ":" + std::to_string(ntohs(from.sin_port));
+      }
+      return fd;
+    }
     if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) throw CollectiveError(errno_str("accept"));
   }
 }

@@ -20,7 +20,9 @@ int listen_on(const std::string& host, int port);
 int connect_to(const std::string& host, int port, Clock::time_point deadline, int peer, uint32_t generation = 0);
 
 // Accepts one connection before `deadline`; returns -1 when it passes. Gives up like connect_to.
-int accept_until(int listen_fd, Clock::time_point deadline, uint32_t generation = 0);
+// `address`, if given, is set to the peer's "ip:port".
+int accept_until(int listen_fd, Clock::time_point deadline, uint32_t generation = 0,
+                 std::string* address = nullptr);
 
 // Elastic gangs: the membership of `generation` ended, say a member died while the others were
 // still connecting. A rank connecting for that generation stops waiting for its peers (which may

@@ -31,7 +31,7 @@ struct Aborted : std::runtime_error {
 
 Runtime::Runtime(int rank, int size, const std::vector<std::string>& hosts, const std::vector<int>& ports,
                  double timeout_s, size_t fusion_threshold, int local_rank, int local_size, int cross_rank,
-                 int cross_size, uint32_t generation)
+                 int cross_size, uint32_t generation, const std::string& secret)
     : rank_(rank),
       size_(size),
       local_rank_(local_rank),
@@ -62,7 +62,7 @@ Runtime::Runtime(int rank, int size, const std::vector<std::string>& hosts, cons
   cross_.me = use_shm ? cross_rank : 0;
   try {
     if (use_shm && local_rank == 0) setup_shm(ports);
-    if (size > 1) connect_mesh(mesh_, rank_, size_, hosts, ports, timeout_, generation);
+    if (size > 1) connect_mesh(mesh_, rank_, size_, hosts, ports, timeout_, generation, secret);
     if (use_shm && local_rank != 0) setup_shm(ports);
     if (shm_) {
       shm_->barrier();  // everyone has mapped it: the name can go

@@ -43,9 +43,11 @@ class Runtime {
  public:
   // local_*/cross_* describe hosts: ranks cross_rank*local_size .. +local_size-1 share one host
   // and, when local_size > 1, shared memory (hierarchical allreduce when cross_size > 1 too).
+  // `secret`: the gang's (PELOTON_GANG_SECRET); every connection proves it (connect_mesh).
+  // Empty: connections are not authenticated.
   Runtime(int rank, int size, const std::vector<std::string>& hosts, const std::vector<int>& ports,
           double timeout_s, size_t fusion_threshold, int local_rank = 0, int local_size = 1,
-          int cross_rank = -1, int cross_size = -1, uint32_t generation = 0);
+          int cross_rank = -1, int cross_size = -1, uint32_t generation = 0, const std::string& secret = "");
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

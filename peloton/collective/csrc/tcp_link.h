@@ -26,8 +26,25 @@ struct TcpMesh {
 // Every connection carries the gang's `generation` (elastic training re-forms gangs under new
 // ones) and the acceptor answers with its own: a peer of another generation is refused on both
 // sides with a CollectiveError naming both, so a stale rank fails at once instead of hanging.
+//
+// With a `secret` (the gang's PELOTON_GANG_SECRET) every connection is authenticated both ways
+// before it counts: the dialler's hello carries a fresh nonce, the acceptor answers with its own
+// nonce and an HMAC-SHA256 under the secret of the hello, its generation and its nonce (the
+// dialler checks it: the acceptor holds the secret), and the dialler answers with an HMAC of the
+// same under another label (the acceptor checks it: fresh nonces on both sides make a replayed
+// handshake fail); the acceptor then acknowledges it with one byte. A connection that fails
+// this (garbage, a wrong MAC, no secret, silence past kHandshakeTimeout) is closed, logged once
+// and counted (refuse_connection), and the acceptor goes on waiting for its peers. An acceptor
+// that cannot prove the secret fails the dialler with a CollectiveError. Without a secret the
+// hello is unauthenticated (a runtime started outside peloton), and malformed ones are refused
+// the same way.
 void connect_mesh(TcpMesh& mesh, int rank, int size, const std::vector<std::string>& hosts,
-                  const std::vector<int>& ports, std::chrono::milliseconds timeout, uint32_t generation = 0);
+                  const std::vector<int>& ports, std::chrono::milliseconds timeout, uint32_t generation = 0,
+                  const std::string& secret = "");
+
+// How long an accepted connection may take to complete its hello (and, with a secret, its
+// answer) before it is refused as silent; at most the gang's timeout.
+constexpr std::chrono::milliseconds kHandshakeTimeout{5000};
 
 class TcpLink : public Link {
  public:

@@ -15,7 +15,9 @@
  * peloton_init() reads the gang environment the scheduler sets on every task (PELOTON_RANK,
  * PELOTON_GANG_SIZE, PELOTON_PEERS, PELOTON_LOCAL_RANK/SIZE, PELOTON_CROSS_RANK/SIZE,
  * PELOTON_COLLECTIVE_TIMEOUT, PELOTON_FUSION_THRESHOLD), with the defaults and error messages of
- * peloton/core/gangenv.py.
+ * peloton/core/gangenv.py. With PELOTON_GANG_SECRET set (the scheduler always sets it) the ranks
+ * prove it to one another when they connect; a connection that does not is refused and logged
+ * on stderr while the rank goes on waiting for its peers.
  *
  * Every function that can fail returns 0 on success and -1 on failure; peloton_last_error()
  * then says why (on the calling thread). Operations block until every rank has done them; each

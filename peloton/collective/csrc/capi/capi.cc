@@ -125,7 +125,7 @@ int peloton_init(void) {
     GangEnv g = gang_env_from_environ();
     runtime = std::make_shared<Runtime>(g.rank, g.size, g.hosts, g.ports, g.timeout,
                                         static_cast<size_t>(g.fusion_threshold), g.local_rank, g.local_size,
-                                        g.cross_rank, g.cross_size);
+                                        g.cross_rank, g.cross_size, 0, g.secret);
     gang = std::move(g);
     for (auto& n : unnamed) n = 0;
   });

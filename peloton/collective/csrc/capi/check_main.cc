@@ -5,7 +5,7 @@
 // transports (tcp; shm: shared memory between the ranks of one host) and whether NCCL loads
 // (else the loader's reason). Then it runs one of:
 //   --local N  N ranks forked on 127.0.0.1 as one host (ports from the kernel), through the
-//              same gang environment a task gets; the default, with N = 2
+//              same gang environment a task gets (a gang secret too); the default, with N = 2
 //   --gang     this process as one rank of the gang its PELOTON_* environment describes
 //   --env      the gang environment as the runtime parses it, joining nothing
 // Each rank prints one line, `gang rank=R size=S local_rank=.. local_size=.. cross_rank=..
@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -205,10 +206,28 @@ std::vector<int> kernel_ports(int n, std::string* problem) {
   return ports;
 }
 
+// A gang secret (64 hex digits) for the forked ranks: they connect with the handshake a
+// scheduled gang's do. Empty, with `problem` set, when the kernel gives no random bytes.
+std::string random_secret(std::string* problem) {
+  unsigned char raw[32];
+  if (::getrandom(raw, sizeof raw, 0) != static_cast<ssize_t>(sizeof raw)) {
+    *problem = errno_str("getrandom");
+    return "";
+  }
+  std::string secret;
+  char byte[3];
+  for (const unsigned char c : raw) {
+    std::snprintf(byte, sizeof byte, "%02x", c);
+    secret += byte;
+  }
+  return secret;
+}
+
 // N ranks of one host, forked; each runs gang_check from the environment a task would get.
 int local_check(int n, double timeout) {
   std::string problem;
   const std::vector<int> ports = kernel_ports(n, &problem);
+  const std::string secret = problem.empty() ? random_secret(&problem) : "";
   if (!problem.empty()) {
     error(problem);
     return 1;
@@ -247,6 +266,7 @@ int local_check(int n, double timeout) {
           {"PELOTON_CROSS_RANK", std::to_string(r / local_size)},
           {"PELOTON_CROSS_SIZE", std::to_string(n / local_size)},
           {"PELOTON_COLLECTIVE_TIMEOUT", seconds},
+          {"PELOTON_GANG_SECRET", secret},
       };
       for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
       std::exit(gang_check());

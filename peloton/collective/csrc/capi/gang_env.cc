@@ -19,6 +19,7 @@ constexpr const char* kCrossRank = "PELOTON_CROSS_RANK";
 constexpr const char* kCrossSize = "PELOTON_CROSS_SIZE";
 constexpr const char* kTimeout = "PELOTON_COLLECTIVE_TIMEOUT";
 constexpr const char* kFusion = "PELOTON_FUSION_THRESHOLD";
+constexpr const char* kSecret = "PELOTON_GANG_SECRET";
 // gangenv.DEFAULT_TIMEOUT and DEFAULT_FUSION_THRESHOLD (the contract test compares them).
 constexpr double kDefaultTimeout = 30.0;
 constexpr int64_t kDefaultFusion = int64_t{64} << 20;
@@ -229,6 +230,7 @@ GangEnv gang_env_from_environ() {
   g.cross_size = env_int(kCrossSize, &cross_size);
   g.timeout = env_positive(kTimeout, kDefaultTimeout);
   g.fusion_threshold = static_cast<int64_t>(env_positive(kFusion, static_cast<double>(kDefaultFusion)));
+  if (const char* secret = raw_env(kSecret)) g.secret = secret;
   return g;
 }
 

@@ -29,6 +29,8 @@ struct GangEnv {
   int cross_size = 1;
   double timeout = 0;
   int64_t fusion_threshold = 0;
+  // PELOTON_GANG_SECRET (empty: not set): every connection of the gang proves it.
+  std::string secret;
 };
 
 // From the process environment (getenv). Integers beyond a C int and infinite numbers, which
