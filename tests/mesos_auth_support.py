@@ -63,6 +63,19 @@ def refusals(p: Peloton, reason: str = "unauthenticated") -> float:
     return scrape_metrics(p.proc.metrics_port).get((REFUSALS, (("reason", reason),)), 0)
 
 
+def wait_subscribed(p: Peloton) -> None:
+    """Until the daemon says it subscribed: by then it has saved its framework id (the master
+    shows the framework connected a moment before, so a test that stopped the daemon on the
+    master's word could restart it without the id)."""
+    wait_for(
+        lambda: "subscribed to Mesos" in p.proc.stderr,
+        30,
+        "the daemon's subscription",
+        0.05,
+        lambda: p.proc.stderr[-3000:],
+    )
+
+
 def check_refused_with_backoff(
     p: Peloton, expected_log: str, reason: str = "unauthenticated"
 ) -> None:

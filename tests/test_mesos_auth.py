@@ -48,6 +48,7 @@ from mesos_auth_support import (
     principal_answers,
     readme_blocks,
     unauthenticated_answers,
+    wait_subscribed,
     write_credentials,
     write_secret,
 )
@@ -354,7 +355,7 @@ def test_a_framework_is_refused_another_principal_and_backs_off(
     db_url = migrated_sqlite_url(tmp_path)
     first = Peloton(db_url, cluster, tmp_path / "first", auth_args(write_secret(tmp_path / "s")))
     try:
-        cluster.wait_until(lambda: any(f.connected for f in cluster.frameworks()), 30)
+        wait_subscribed(first)
     finally:
         first.close()
     other = write_secret(tmp_path / "other", CREDENTIALS[OTHER])

@@ -24,6 +24,7 @@ from mesos_auth_support import (
     principal_answers,
     readme_blocks,
     unauthenticated_answers,
+    wait_subscribed,
     write_credentials,
     write_secret,
 )
@@ -110,6 +111,7 @@ def test_a_framework_is_refused_another_principal_and_backs_off(
 ) -> None:
     first = make_peloton(auth_cluster, *auth_args(write_secret(tmp_path / "secret")))
     first.framework()
+    wait_subscribed(first)
     assert first.proc.terminate() == 0  # its framework id is saved; the master keeps it
     other = write_secret(tmp_path / "other", CREDENTIALS[OTHER])
     p = MesosPeloton(
