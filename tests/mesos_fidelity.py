@@ -235,6 +235,25 @@ def check_known_user_runs(master: str) -> None:
         _leave(sched)
 
 
+def check_task_groups_share_one_accept(master: str) -> None:
+    """An agent of PLAIN_AGENT. One ACCEPT of its offer with two LAUNCH_GROUP operations, each
+    with its executor and one of its two GPUs (two gangs placed on one host in one round):
+    both groups' tasks run to TASK_FINISHED."""
+    sched = _scheduler(master, user=CURRENT_USER)
+    try:
+        offer = sched.offer(timeout=TIMEOUT)
+        ops = [
+            sched.group_op(offer, [task_info(task_id, "true", gpus=1)])
+            for task_id in ("group-a", "group-b")
+        ]
+        sched.accept(offer, ops, ACCEPT_FILTERS)
+        for task_id in ("group-a", "group-b"):
+            states = [s["state"] for s in _updates_until_terminal(sched, task_id)]
+            assert states[-1] == "TASK_FINISHED", (task_id, states)
+    finally:
+        _leave(sched)
+
+
 # ---------------------------------------------------------------------- shared hostnames
 
 

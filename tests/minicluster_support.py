@@ -291,20 +291,39 @@ class RawScheduler:
         filters: dict[str, Any] | None = None,
     ) -> None:
         """ACCEPT ``offer`` with one LAUNCH_GROUP of ``tasks`` (from :func:`task_info`)."""
-        agent_id = offer["agent_id"]
+        op = self.group_op(offer, tasks, executor_id, executor_resources)
+        self.accept(offer, [op], filters)
+
+    def group_op(
+        self,
+        offer: dict[str, Any],
+        tasks: list[dict[str, Any]],
+        executor_id: str | None = None,
+        executor_resources: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """A LAUNCH_GROUP operation of ``tasks`` on ``offer``'s agent, with a DEFAULT executor
+        (a new id unless given)."""
         for t in tasks:
-            t.setdefault("agent_id", agent_id)
+            t.setdefault("agent_id", offer["agent_id"])
         executor = {
             "type": "DEFAULT",
             "executor_id": {"value": executor_id or f"ex-{uuid.uuid4().hex[:8]}"},
             "framework_id": {"value": self.framework_id},
             "resources": EXECUTOR if executor_resources is None else executor_resources,
         }
-        op = {
+        return {
             "type": "LAUNCH_GROUP",
             "launch_group": {"executor": executor, "task_group": {"tasks": tasks}},
         }
-        body: dict[str, Any] = {"offer_ids": [offer["id"]], "operations": [op]}
+
+    def accept(
+        self,
+        offer: dict[str, Any],
+        operations: list[dict[str, Any]],
+        filters: dict[str, Any] | None = None,
+    ) -> None:
+        """ACCEPT ``offer`` with ``operations``."""
+        body: dict[str, Any] = {"offer_ids": [offer["id"]], "operations": operations}
         if filters is not None:
             body["filters"] = filters
         self.ok("ACCEPT", body)

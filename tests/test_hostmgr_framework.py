@@ -377,6 +377,40 @@ def test_a_gang_is_launched_as_one_group_and_updates_are_persisted_then_acked(
     assert hostmgr._agents == {}
 
 
+def test_gangs_sharing_a_host_are_launched_in_one_accept_of_its_offers(
+    master: ScriptedMaster, hostmgr: HostManager, jobs: JobManager
+) -> None:
+    """Two gangs placed on one host in a round: one ACCEPT of its offer with a LAUNCH_GROUP
+    per gang, each with its executor, the offer's GPUs handed out once between them."""
+    job, first = admitted_gang(master, hostmgr, jobs, make_spec(1, gpu=1))
+    other, _ = jobs.create_job(make_spec(1, gpu=1))
+    instances = jobs.admit_pending([(other.id, 1, "test")])[0]
+    second = Gang.of_job(other.id, other.spec, instances, datetime.now(UTC))
+    master.send({"type": "OFFERS", "offers": {"offers": [raw_offer("o1", "a1", "h1", gpus=2)]}})
+    wait_for(lambda: len(hostmgr.snapshot()) == 1, 10, "the offered host")
+    source = ListSource([first, second])
+    assert Launcher(source, hostmgr, jobs).run_once() == 2, source.returned
+
+    accept = master.wait_call("ACCEPT")
+    assert accept["accept"]["offer_ids"] == [{"value": "o1"}]
+    groups = [op["launch_group"] for op in accept["accept"]["operations"]]
+    assert [[t["task_id"]["value"] for t in g["task_group"]["tasks"]] for g in groups] == [
+        [attempt_id(job.id, 0, 1)],
+        [attempt_id(other.id, 0, 1)],
+    ]
+    assert len({g["executor"]["executor_id"]["value"] for g in groups}) == 2
+    gpus = [
+        r["scalar"]["value"]
+        for g in groups
+        for t in g["task_group"]["tasks"]
+        for r in t["resources"]
+        if r["name"] == "gpus"
+    ]
+    assert gpus == [1.0, 1.0]
+    assert master.calls_of("ACCEPT") == [accept]
+    assert hostmgr.metrics.registry.get_sample_value("peloton_tasks_launched_total") == 2
+
+
 def test_a_sandbox_is_found_from_the_attempts_record_while_its_agent_serves_it(
     master: ScriptedMaster, db: Database, jobs: JobManager
 ) -> None:

@@ -122,6 +122,55 @@ def test_a_gang_is_recorded_and_launched_one_group_per_host(ledger: MemoryLedger
     assert hosts.pool.leased_hosts() == set() and hosts.snapshot() == []
 
 
+def test_gangs_placed_on_one_host_in_a_round_are_launched_with_one_acceptance_of_its_offers(
+    ledger: MemoryLedger,
+) -> None:
+    """What a gang leaves of a host goes to the next gangs of its chunk: the host's offers are
+    accepted once, with a task group per gang (each its own executor), on ports none of them
+    shares (what one ACCEPT leaves is offered again only at the master's next allocation)."""
+    jobs = [admitted(ledger, make_spec(1, gpu=1, ports=["http"])) for _ in range(2)]
+    hosts = PoolHosts(1)
+    assert Launcher(ListSource([gang for _, gang in jobs]), hosts, ledger).run_once() == 2
+    (shares,) = hosts.launched
+    assert len({lease.lease_id for lease, _ in shares}) == 1
+    tasks = [task for _, group in shares for task in group]
+    assert [t.task_id for t in tasks] == [attempt_id(job.id, 0, 1) for job, _ in jobs]
+    ports = [p for t in tasks for p in t.ports]
+    assert sorted(ports) == [31000, 31001, 31002, 31003]  # the host has 5
+    assert [t.env["PELOTON_PORT_HTTP"] for t in tasks] == [str(t.ports[1]) for t in tasks]
+    executors = {t.current.executor_id for job, _ in jobs for t in ledger.list_tasks(job.id)[0]}
+    assert len(executors) == 2
+    assert hosts.pool.leased_hosts() == set()
+
+
+def test_a_host_shared_by_a_chunk_stays_leased_for_the_gangs_that_launch_and_is_freed_by_none(
+    ledger: MemoryLedger,
+) -> None:
+    """A gang of a chunk refused at its record hands its share of a host back; the host's
+    lease goes on to the launch of the others; a failed launch of gangs sharing a host releases
+    its lease once and hands every gang back, READY."""
+    jobs = [admitted(ledger, make_spec(1, gpu=2)) for _ in range(2)]
+    ledger.preempt(jobs[0][0].id, "reclaimed")
+    hosts = PoolHosts(1)
+    source = ListSource([gang for _, gang in jobs])
+    assert Launcher(source, hosts, ledger).run_once() == 1
+    (shares,) = hosts.launched
+    assert [t.task_id for _, group in shares for t in group] == [attempt_id(jobs[1][0].id, 0, 1)]
+    assert [g.job_id for g, _ in source.returned] == [jobs[0][0].id]
+
+    ledger2 = MemoryLedger(clock=FakeClock(), killer=RecordingKiller())
+    jobs = [admitted(ledger2, make_spec(1, gpu=2)) for _ in range(2)]
+    hosts = PoolHosts(1)
+    hosts.refuse = LeaseError("lease on h1 (a1) lost an offer")
+    source = ListSource([gang for _, gang in jobs])
+    assert Launcher(source, hosts, ledger2).run_once() == 0
+    assert [(g.job_id, why) for g, why in source.returned] == [
+        (job.id, "launch failed: lease on h1 (a1) lost an offer") for job, _ in jobs
+    ]
+    assert hosts.pool.leased_hosts() == set() and len(hosts.snapshot()) == 1
+    assert [states(ledger2, job.id) for job, _ in jobs] == [{T.READY}] * 2
+
+
 def test_a_gang_that_does_not_fit_now_goes_back_with_the_reason_and_stays_ready(
     ledger: MemoryLedger,
 ) -> None:
@@ -228,7 +277,8 @@ def test_gangs_placed_together_are_recorded_in_one_write_and_one_taken_back_stay
     assert Launcher(source, hosts, ledger).run_once() == CHUNK
     ((gang, reason),) = source.returned
     assert (gang.job_id, reason) == (taken_back, "1 tasks of the gang are no longer READY")
-    assert len(hosts.launched) == CHUNK
+    # A launch per write: the gangs of a chunk are launched together.
+    assert [len(shares) for shares in hosts.launched] == [CHUNK - 1, 1]
     assert [job_id for ids in writes for job_id in ids] == [
         job.id for job, _ in jobs if job.id != taken_back
     ]
@@ -239,27 +289,27 @@ def test_gangs_placed_together_are_recorded_in_one_write_and_one_taken_back_stay
         assert states(ledger, job.id) == ({T.PENDING} if job.id == taken_back else {T.LAUNCHING})
 
 
-def test_a_daemon_deposed_among_a_chunk_s_launches_launches_none_of_the_rest(
+def test_a_daemon_deposed_between_two_chunks_launches_none_of_the_second(
     ledger: MemoryLedger,
 ) -> None:
-    """The launcher asks whether this daemon still leads right before each gang's launch: one
-    deposed while a chunk launches (paused, then resumed past its term) launches none of the
-    gangs after that, and hands them back with why, their leases released."""
-    jobs = [admitted(ledger, make_spec(1, gpu=4)) for _ in range(3)]
-    hosts = PoolHosts(3)
+    """The launcher asks whether this daemon still leads right before each chunk's launch (after
+    its record): one deposed meanwhile (paused, then resumed past its term) launches none of
+    the chunk's gangs, and hands them back with why, their leases released."""
+    jobs = [admitted(ledger, make_spec(1, gpu=4)) for _ in range(CHUNK + 2)]
+    hosts = PoolHosts(CHUNK + 2)
     answers = iter([True])  # leads for the first launch only
 
     def leads() -> bool:
         return next(answers, False)
 
     source = ListSource([gang for _, gang in jobs])
-    assert Launcher(source, hosts, ledger, leads=leads).run_once() == 1
-    assert len(hosts.launched) == 1
-    assert [why for _, why in source.returned] == [
-        "this daemon no longer leads: nothing launched"
-    ] * 2
+    assert Launcher(source, hosts, ledger, leads=leads).run_once() == CHUNK
+    assert [len(shares) for shares in hosts.launched] == [CHUNK]
+    assert [(g.job_id, why) for g, why in source.returned] == [
+        (job.id, "this daemon no longer leads: nothing launched") for job, _ in jobs[CHUNK:]
+    ]
     assert hosts.pool.leased_hosts() == set()
-    assert [states(ledger, job.id) for job, _ in jobs] == [{T.LAUNCHING}] * 3
+    assert [states(ledger, job.id) for job, _ in jobs] == [{T.LAUNCHING}] * (CHUNK + 2)
 
 
 def test_a_recorded_gang_reports_running_through_the_same_ledger(ledger: MemoryLedger) -> None:

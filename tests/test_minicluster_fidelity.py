@@ -45,6 +45,10 @@ def test_an_empty_or_unknown_user_fails_every_executor(
     fidelity.check_known_user_runs(mc.address)
 
 
+def test_task_groups_share_one_accept(make_minicluster: MiniclusterFactory) -> None:
+    fidelity.check_task_groups_share_one_accept(make_minicluster(agents=1).address)
+
+
 @pytest.mark.parametrize("partition_aware", [True, False])
 def test_an_unknown_task_is_reconciled_unknown(
     make_minicluster: MiniclusterFactory, partition_aware: bool

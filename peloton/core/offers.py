@@ -7,7 +7,7 @@ Pure data: the offer pool (:mod:`peloton.hostmgr.offers`) keeps offers and lease
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,14 +43,16 @@ def port_count(ranges: Iterable[PortRange]) -> int:
     return sum(end - begin + 1 for begin, end in ranges)
 
 
-def take_ports(ranges: Sequence[PortRange], n: int) -> list[int]:
-    """The ``n`` lowest ports of ``ranges`` (ValueError if there are fewer)."""
+def take_ports(ranges: Sequence[PortRange], n: int, taken: Container[int] = ()) -> list[int]:
+    """The ``n`` lowest ports of ``ranges`` but those ``taken`` (by other gangs launched on the
+    host with the same offers); ValueError if there are fewer."""
     out: list[int] = []
     for begin, end in ranges:
         for port in range(begin, end + 1):
             if len(out) == n:
                 return out
-            out.append(port)
+            if port not in taken:
+                out.append(port)
     if len(out) < n:
         raise ValueError(f"needs {n} ports, the offers have {len(out)}")
     return out

@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,7 +56,7 @@ from peloton.hostmgr.calls import (
     read_credential,
 )
 from peloton.hostmgr.hosts import HostRegistry
-from peloton.hostmgr.launch import grace_policy, launch_group
+from peloton.hostmgr.launch import OfferedResources, grace_policy, launch_group, offered_by
 from peloton.hostmgr.metrics import ClusterGauges, HostmgrMetrics
 from peloton.hostmgr.offers import OfferPool, parse_offer
 
@@ -139,6 +139,17 @@ class _Planned:
     task_id: str
     update: TaskUpdate
     status: Mapping[str, Any]
+
+
+@dataclass
+class _HostLaunch:
+    """One host's part of a launch: its lease, what is left of its offers, the LAUNCH_GROUP
+    operations of its ACCEPT and how many tasks they hold."""
+
+    lease: Lease
+    offered: OfferedResources
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    tasks: int = 0
 
 
 class HostManager:
@@ -637,7 +648,9 @@ class HostManager:
     # ------------------------------------------------------------------ launch and kill
 
     def launch(self, shares: Sequence[tuple[Lease, Sequence[LaunchTask]]]) -> None:
-        """Launch each host's share of a gang as one task group (one ACCEPT per host).
+        """Launch each share (a host's tasks of one gang) as one task group, one ACCEPT per
+        host: shares on the same lease (gangs placed on one host in one round) go to the
+        master as one ACCEPT with a LAUNCH_GROUP each, as its offers can be accepted once.
 
         All leases are consumed first, all or none (LeaseError if one expired or lost an
         offer); Unavailable if not subscribed. A host whose ACCEPT fails loses its tasks: the
@@ -646,10 +659,13 @@ class HostManager:
         stream = self._stream()
         if stream is None or not self.framework_id:
             raise Unavailable("not subscribed to a Mesos master")
-        ops = []
+        hosts: dict[str, _HostLaunch] = {}
         for lease, tasks in shares:
+            host = hosts.get(lease.lease_id)
+            if host is None:
+                host = hosts[lease.lease_id] = _HostLaunch(lease, offered_by(lease))
             try:
-                ops.append(
+                host.ops.append(
                     launch_group(
                         lease,
                         self.framework_id,
@@ -657,11 +673,13 @@ class HostManager:
                         self._executor_resources,
                         tasks,
                         self.settings.runtime_image,
+                        host.offered,
                     )
                 )
             except ValueError as exc:
                 raise LeaseError(f"{lease.hostname} ({lease.agent_id}): {exc}") from exc
-        self.pool.take_for_launch([lease for lease, _ in shares], self._now())
+            host.tasks += len(tasks)
+        self.pool.take_for_launch([h.lease for h in hosts.values()], self._now())
         self.metrics.offers_held.set(self.pool.held())
         sent = time.monotonic()
         with self._sent_lock:
@@ -670,27 +688,27 @@ class HostManager:
             for t in tasks:
                 self._agents[t.task_id] = lease.agent_id
                 self.hosts.use(t.task_id, lease.agent_id, t.resources)
-        # One ACCEPT per host, pipelined. What a share leaves of its host is what the next
+        # One ACCEPT per host, pipelined. What the launches leave of a host is what the next
         # gangs need: have it offered again at the next allocation, not after the default 5 s
         # refuse filter.
         calls = [
-            accept_body(self.framework_id, lease.offer_ids, [op], _NO_REFUSE)
-            for (lease, _), op in zip(shares, ops, strict=True)
+            accept_body(self.framework_id, h.lease.offer_ids, h.ops, _NO_REFUSE)
+            for h in hosts.values()
         ]
         try:
             answers = self._accepts.exchange(stream, calls)
         except (OSError, ValueError) as exc:
             log.warning("ACCEPT failed", extra={"error": str(exc), "hosts": len(calls)})
             answers = []
-        for i, (lease, tasks) in enumerate(shares):
+        for i, h in enumerate(hosts.values()):
             status, body = answers[i] if i < len(answers) else (0, b"")
             if 200 <= status < 300:
-                self.metrics.tasks_launched.inc(len(tasks))
+                self.metrics.tasks_launched.inc(h.tasks)
             elif status:
                 log.warning(
                     "ACCEPT refused",
                     extra={
-                        "host": lease.hostname,
+                        "host": h.lease.hostname,
                         "status": status,
                         "body": body[:200].decode(errors="replace"),
                     },

@@ -118,6 +118,11 @@ def _ranges(ports: Sequence[int]) -> list[dict[str, int]]:
     return out
 
 
+def offered_by(lease: Lease) -> OfferedResources:
+    """What the lease's offers hold, to be handed out to the operations of one ACCEPT."""
+    return OfferedResources([e for o in lease.offers for e in o.entries])
+
+
 def launch_group(
     lease: Lease,
     framework_id: str,
@@ -125,11 +130,14 @@ def launch_group(
     executor_resources: Resources,
     tasks: Sequence[LaunchTask],
     runtime_image: str = DEFAULT_RUNTIME_IMAGE,
+    resources: OfferedResources | None = None,
 ) -> dict[str, Any]:
     """The LAUNCH_GROUP operation running ``tasks`` on the leased host as one task group.
-    ``runtime_image`` is what containers with runtime "peloton" mount. ValueError if the
-    lease's offers do not hold the executor and the tasks."""
-    offered = OfferedResources([e for o in lease.offers for e in o.entries])
+    ``runtime_image`` is what containers with runtime "peloton" mount. ``resources``: what is
+    left of the lease's offers where the same ACCEPT launches other groups on the host (they
+    take from it in turn); None: all of them. ValueError if they do not hold the executor and
+    the tasks."""
+    offered = offered_by(lease) if resources is None else resources
     executor: dict[str, Any] = {
         "type": "DEFAULT",
         "executor_id": {"value": executor_id},

@@ -228,7 +228,9 @@ class OfferPool:
         """Consume the offers of every lease in ``leases`` for one launch, all or none.
 
         Raises LeaseError (and consumes nothing) if any lease is unknown, expired or spoiled.
+        A lease named more than once (several gangs' task groups on its host) is taken once.
         """
+        leases = list({lease.lease_id: lease for lease in leases}.values())
         with self._lock:
             for lease in leases:
                 problem = self._check(lease, now)

@@ -3,11 +3,15 @@
 A loop on its own thread, woken when offers arrive or the resource manager admits gangs (and
 once a second regardless). For each gang it takes: place every task (the placement engine, on
 one snapshot of the offer pool per round), lease every host it uses or none, record READY ->
-PLACING -> PLACED -> LAUNCHING (one transaction), and launch. The last two run on launch
-workers while the loop places the next gangs (at most IN_FLIGHT_PER_WORKER gangs per worker
-placed and not launched yet). Anything that fails before the launch releases the leases and
-hands the gang back to the resource manager with the reason, which becomes the job's pending
-reason.
+PLACING -> PLACED -> LAUNCHING (one transaction), and launch. Gangs are recorded and launched
+in chunks of up to CHUNK, on launch workers while the loop places the next gangs (at most
+IN_FLIGHT_PER_WORKER chunks per worker placed and not launched yet). The gangs of a chunk may
+share hosts: a host leased for one keeps what it has left in the snapshot for the next gangs of
+the chunk, and its offers are accepted once, with a task group per gang (what an ACCEPT leaves
+of a host is offered again only at the master's next allocation, so a host would otherwise take
+one gang a second). Anything that fails before the launch releases the leases no launching gang
+uses and hands the gang back to the resource manager with the reason, which becomes the job's
+pending reason.
 
 Every task starts knowing its gang (task discovery): ``PELOTON_RANK``, ``PELOTON_GANG_SIZE``,
 ``PELOTON_LOCAL_RANK``/``SIZE`` (among the gang's tasks on its host), ``PELOTON_CROSS_RANK``/
@@ -24,9 +28,9 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from peloton.core.containers import container_launch
@@ -49,7 +53,7 @@ log = logging.getLogger(__name__)
 BATCH = 64
 # Placed gangs a launch worker records in one transaction, then launches, at most: a record's
 # statements (locks, reads, writes, the commit) were most of a gang's cost on the database and
-# in the interpreter waiting for it.
+# in the interpreter waiting for it. Gangs of a chunk share hosts and are launched together.
 CHUNK = 4
 # Chunks placed and waiting for or in a launch worker, per worker, at most: the loop places the
 # next gangs while earlier ones are recorded and launched (waits on the database and the
@@ -189,27 +193,24 @@ class Launcher:
         snapshot = engine.Snapshot(offered)
         totals: list[Sequence[HostOffers]] = []  # the cluster's, read once per round if needed
         launches: list[Future[int]] = []
-        chunk: list[_Placed] = []
+        chunk = _Chunk(snapshot)
         returned: list[tuple[Gang, str]] = []  # handed back together at the end of the round
         for gang in gangs:
+            if any(p.gang.job_id == gang.job_id for p in chunk.placed):
+                self._submit(chunk, launches)  # a record takes one gang per job
             # A slot per gang, released when its launch ends (or here if it is not placed).
             # Gangs placed already go to a worker before waiting for one.
             if not self._slots.acquire(blocking=False):
                 self._submit(chunk, launches)
                 self._slots.acquire()
             try:
-                hosts, leases = self._place(gang, snapshot)
+                hosts, leases = self._place(gang, snapshot, chunk.leases)
             except _NotPlaced as exc:
                 self._slots.release()
                 self._not_placed(gang, exc, totals, returned)
                 continue
-            # Leased hosts leave the snapshot at once, so the next gangs are placed while this
-            # one is recorded and launched on a worker.
-            snapshot.drop(set(leases))
-            if any(p.gang.job_id == gang.job_id for p in chunk):
-                self._submit(chunk, launches)  # a record takes one gang per job
-            chunk.append(_Placed(gang, hosts, leases, ready.get(gang.job_id, {})))
-            if len(chunk) == CHUNK:
+            chunk.placed.append(_Placed(gang, hosts, leases, ready.get(gang.job_id, {})))
+            if len(chunk.placed) == CHUNK:
                 self._submit(chunk, launches)
         self._submit(chunk, launches)
         self._source.return_admitted(returned)
@@ -217,21 +218,25 @@ class Launcher:
         self.metrics.round_seconds.observe(time.perf_counter() - started)
         return launches
 
-    def _submit(self, chunk: list[_Placed], launches: list[Future[int]]) -> None:
-        """Hand ``chunk`` (emptied) to a launch worker."""
-        if chunk:
-            launches.append(self._workers.submit(self._launch_chunk, list(chunk)))
-            chunk.clear()
+    def _submit(self, chunk: _Chunk, launches: list[Future[int]]) -> None:
+        """Hand the chunk's gangs to a launch worker (the chunk is emptied). Their hosts leave
+        the snapshot: the next gangs are placed while these are recorded and launched."""
+        if chunk.placed:
+            chunk.snapshot.drop(set(chunk.leases))
+            launches.append(self._workers.submit(self._launch_chunk, list(chunk.placed)))
+            chunk.placed.clear()
+            chunk.leases.clear()
 
     def _launch_chunk(self, chunk: Sequence[_Placed]) -> int:
-        """Record placed gangs in one write and launch each, on a worker; how many were
-        launched."""
+        """Record placed gangs in one write and launch them together, on a worker; how many
+        were launched."""
         launched = 0
         returned: list[tuple[Gang, str]] = []
         try:
-            for placed, shares, attempts in self._record(chunk, returned):
-                if self._launch(placed, shares, attempts, returned):
-                    launched += 1
+            recorded = self._record(chunk, returned)
+            used = _leases(p for p, _, _ in recorded)
+            _release(self._hosts, [v for k, v in _leases(chunk).items() if k not in used])
+            launched = self._launch(recorded, returned)
         except Exception:
             # A bug, not a refusal: where it stopped is unknown (gangs may be launched), so
             # nothing is undone or retried; a daemon start sends placements left behind back.
@@ -289,12 +294,17 @@ class Launcher:
         except PelotonError:
             log.exception("could not fail an unplaceable gang")
 
-    def _place(self, gang: Gang, snapshot: engine.Snapshot) -> tuple[list[str], dict[str, Lease]]:
-        """Place every task of a gang and lease the hosts: (each task's host, the leases)."""
+    def _place(
+        self, gang: Gang, snapshot: engine.Snapshot, held: dict[str, Lease]
+    ) -> tuple[list[str], dict[str, Lease]]:
+        """Place every task of a gang and lease the hosts not ``held`` already (by the gangs of
+        its chunk; those leased are added): (each task's host, the leases of its hosts)."""
         placement = engine.place_on(gang, snapshot)
         if placement.hosts is None:
             raise _NotPlaced(placement.reason, NO_FIT)
-        return list(placement.hosts), self._lease_all(sorted(set(placement.hosts)))
+        used = sorted(set(placement.hosts))
+        held.update(self._lease_all([h for h in used if h not in held]))
+        return list(placement.hosts), {h: held[h] for h in used}
 
     def _record(
         self, chunk: Sequence[_Placed], returned: list[tuple[Gang, str]]
@@ -302,12 +312,14 @@ class Launcher:
         """READY -> PLACING -> PLACED -> LAUNCHING for every task of the chunk's gangs, in one
         transaction, with where each is launched (an attempt that reached a host thus always
         names its sandbox); returns the gangs recorded, with their hosts' tasks and attempts.
-        The others are handed back with the reason, their leases released."""
+        The others are handed back with the reason (their leases are the caller's to
+        release)."""
         built: list[tuple[_Placed, Shares, dict[int, int]]] = []
+        taken: dict[str, set[int]] = {}  # each host's ports handed to the chunk's gangs
         for placed in chunk:
             try:
                 attempts = _attempts(placed.gang, placed.ready)
-                shares = self._shares(placed, attempts)
+                shares = self._shares(placed, attempts, taken)
             except (PelotonError, _NotPlaced) as exc:
                 self._undo(placed, {}, str(exc), returned)
                 continue
@@ -334,27 +346,38 @@ class Launcher:
 
     def _launch(
         self,
-        placed: _Placed,
-        shares: Shares,
-        attempts: dict[int, int],
+        recorded: Sequence[tuple[_Placed, Shares, dict[int, int]]],
         returned: list[tuple[Gang, str]],
-    ) -> bool:
-        """Launch a recorded gang; whether it was (if not, it is handed back, its tasks READY
-        again and its leases released)."""
-        gang = placed.gang
+    ) -> int:
+        """Launch recorded gangs together (a host's offers are accepted once, with every
+        gang's task group on it); how many were launched. If they were not, they are handed
+        back, their tasks READY again and their leases released."""
+        if not recorded:
+            return 0
+        placed = [p for p, _, _ in recorded]
         if self._leads is not None and not self._leads():
             # Deposed since the (fenced) record: launch nothing, and write nothing either (the
             # fence would refuse it). The next leader finds these tasks LAUNCHING; Mesos never
             # saw them, so reconciliation ends them and they get new attempts. Asked right
-            # before each gang's launch: a chunk's launches take a while, and a leader paused
-            # among them must not go on with the rest when it resumes.
-            self._undo(placed, {}, "this daemon no longer leads: nothing launched", returned)
-            return False
+            # before the launch: a leader paused since the record must not go on when it
+            # resumes.
+            _release(self._hosts, _leases(placed).values())
+            for p in placed:
+                self._undo(p, {}, "this daemon no longer leads: nothing launched", returned)
+            return 0
         try:
-            self._hosts.launch(shares)
+            self._hosts.launch([share for _, shares, _ in recorded for share in shares])
         except (LeaseError, PelotonError) as exc:
-            self._undo(placed, attempts, f"launch failed: {exc}", returned, str(exc))
-            return False
+            _release(self._hosts, _leases(placed).values())
+            for p, _, attempts in recorded:
+                self._undo(p, attempts, f"launch failed: {exc}", returned, str(exc))
+            return 0
+        for p in placed:
+            self._launched(p)
+        return len(placed)
+
+    def _launched(self, placed: _Placed) -> None:
+        gang = placed.gang
         if gang.admitted_at:
             self.metrics.gang_seconds.observe(max(0.0, time.time() - gang.admitted_at))
         log.info(
@@ -367,7 +390,6 @@ class Launcher:
             },
         )
         self._feasible.discard(gang.job_id)
-        return True
 
     def _undo(
         self,
@@ -377,11 +399,10 @@ class Launcher:
         returned: list[tuple[Gang, str]],
         requeued: str = "",
     ) -> None:
-        """A placed gang is not launched: its leases are released, its tasks (if recorded,
-        ``attempts``) READY again (``requeued``: the reason they get, else ``why``), and it is
-        added to those to hand back (``returned``) with ``why``."""
-        for lease in placed.leases.values():
-            self._hosts.release(lease)
+        """A placed gang is not launched: its tasks (if recorded, ``attempts``) READY again
+        (``requeued``: the reason they get, else ``why``), and it is added to those to hand
+        back (``returned``) with ``why``. Its leases are the caller's to release (other gangs
+        of its chunk may use them)."""
         if attempts:
             self._back_to_ready(placed.gang, attempts, requeued or why)
         self._not_placed(placed.gang, _NotPlaced(why), [], returned)
@@ -397,13 +418,20 @@ class Launcher:
             leases[agent_id] = lease
         return leases
 
-    def _shares(self, placed: _Placed, attempts: dict[int, int]) -> Shares:
-        """Each host's tasks, with their ports (from the host's offers) and environment."""
+    def _shares(
+        self, placed: _Placed, attempts: dict[int, int], taken: dict[str, set[int]]
+    ) -> Shares:
+        """Each host's tasks, with their ports (from the host's offers, but those ``taken`` by
+        other gangs of the chunk on the host: these are added) and environment."""
         gang, hosts, leases = placed.gang, placed.hosts, placed.leases
         names = list(gang.spec.task.ports)
         per_task = gang.ports_per_task
         on_host = Counter(hosts)
-        free_ports = {h: take_ports(leases[h].ports, per_task * n) for h, n in on_host.items()}
+        free_ports: dict[str, list[int]] = {}
+        for h, n in on_host.items():
+            used = taken.setdefault(h, set())
+            free_ports[h] = take_ports(leases[h].ports, per_task * n, used)
+            used.update(free_ports[h])
         ranks = topology(hosts)
         ports = [
             free_ports[host][r.local_rank * per_task : (r.local_rank + 1) * per_task]
@@ -465,6 +493,16 @@ class Launcher:
 Shares = list[tuple[Lease, list[LaunchTask]]]
 
 
+@dataclass
+class _Chunk:
+    """Gangs placed in a round and not handed to a launch worker yet, the leases of their
+    hosts (shared: a host may hold several of them), and the round's snapshot."""
+
+    snapshot: engine.Snapshot
+    placed: list[_Placed] = field(default_factory=list)
+    leases: dict[str, Lease] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class _Placed:
     """A gang placed on hosts (each task's agent id, in rank order) and their leases, and the
@@ -474,6 +512,16 @@ class _Placed:
     hosts: list[str]
     leases: dict[str, Lease]
     ready: dict[int, int]
+
+
+def _leases(placed: Iterable[_Placed]) -> dict[str, Lease]:
+    """The leases of these gangs' hosts, each once, by lease id."""
+    return {lease.lease_id: lease for p in placed for lease in p.leases.values()}
+
+
+def _release(hosts: Hosts, leases: Iterable[Lease]) -> None:
+    for lease in leases:
+        hosts.release(lease)
 
 
 def _places(placed: _Placed, shares: Shares, attempts: dict[int, int]) -> dict[int, Placement]:

@@ -55,6 +55,12 @@ def test_the_current_user_runs(real_cluster: RealClusterFactory) -> None:
 
 
 @pytest.mark.local_shape
+def test_task_groups_share_one_accept(real_cluster: RealClusterFactory) -> None:
+    cluster = real_cluster(resources=fidelity.PLAIN_AGENT)
+    fidelity.check_task_groups_share_one_accept(cluster.master)
+
+
+@pytest.mark.local_shape
 def test_containers_of_a_task_group_run(real_cluster: RealClusterFactory, tmp_path: Path) -> None:
     cluster = real_cluster(resources=fidelity.PLAIN_AGENT)
     host_dir = tmp_path / "volume"
