@@ -39,7 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import inspect, text
+from sqlalchemy import event, inspect, text
 from sqlalchemy.exc import DBAPIError
 from support import make_spec
 
@@ -373,24 +373,54 @@ def test_a_write_fails_at_once_while_the_database_is_unreachable(db: Database) -
     assert [r.target for r in records] == ["j"]
 
 
+def test_a_record_is_one_statement_that_commits_itself_on_postgresql(db: Database) -> None:
+    """Appended in autocommit on PostgreSQL: the INSERT alone, no BEGIN, no SET LOCAL of the
+    write's deadline, no COMMIT (a transaction's four round trips were most of what the trail
+    cost a call); on SQLite in a write transaction, as every write there."""
+    statements: list[str] = []
+    commits: list[object] = []
+
+    def executed(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement.split()[0].upper())
+
+    def committed(conn: Any) -> None:
+        commits.append(conn)
+
+    event.listen(db.engine, "before_cursor_execute", executed)
+    event.listen(db.engine, "commit", committed)
+    try:
+        AuditTrail(db, AuditMetrics(Metrics().registry))(
+            outcome(f"{V1}JobService/KillJob", job_pb2.KillJobRequest(job_id="j"))
+        )
+    finally:
+        event.remove(db.engine, "before_cursor_execute", executed)
+        event.remove(db.engine, "commit", committed)
+    if db.dialect == "postgresql":
+        assert (statements, commits) == (["INSERT"], [])
+    else:
+        assert "INSERT" in statements and len(commits) == 1
+    records, _ = page_of(db, repo.AuditFilter(), 10)
+    assert [r.target for r in records] == ["j"]
+
+
 class _HeldWrites:
-    """``db.writing`` that counts its transactions and holds the first, begun, until
+    """``db.appending`` that counts its writes and holds the first, begun, until
     ``release``."""
 
     def __init__(self, db: Database) -> None:
         self.transactions = 0
         self.first_began = threading.Event()
         self.release = threading.Event()
-        self._writing = db.writing
+        self._appending = db.appending
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[Any]:
         self.transactions += 1
-        with self._writing() as session:
+        with self._appending() as conn:
             if self.transactions == 1:
                 self.first_began.set()
                 assert self.release.wait(30), "the first write was never released"
-            yield session
+            yield conn
 
 
 def test_concurrent_records_share_transactions_and_each_waits_for_its_own(
@@ -399,7 +429,7 @@ def test_concurrent_records_share_transactions_and_each_waits_for_its_own(
     metrics = Metrics()
     trail = AuditTrail(db, AuditMetrics(metrics.registry))
     held = _HeldWrites(db)
-    monkeypatch.setattr(db, "writing", held)
+    monkeypatch.setattr(db, "appending", held)
     done: list[str] = []
 
     def kill(job: str) -> None:
@@ -432,7 +462,7 @@ def test_a_shared_write_that_fails_fails_every_call_in_it(
     metrics = Metrics()
     trail = AuditTrail(db, AuditMetrics(metrics.registry))
     held = _HeldWrites(db)
-    monkeypatch.setattr(db, "writing", held)
+    monkeypatch.setattr(db, "appending", held)
     errors: list[BaseException] = []
 
     def kill(job: str) -> None:

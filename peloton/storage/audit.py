@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, insert, or_, select
+from sqlalchemy import Connection, and_, insert, or_, select
 from sqlalchemy.orm import Session
 
 from peloton.errors import InvalidArgument
@@ -54,7 +54,7 @@ class AuditFilter:
     until: datetime | None = None
 
 
-def append(session: Session, *records: AuditRecord) -> None:
+def append(session: Session | Connection, *records: AuditRecord) -> None:
     """Add ``records`` to the trail (in one statement)."""
     if not records:
         return

@@ -36,6 +36,7 @@ from peloton.errors import InvalidArgument, Unavailable
 from peloton.storage.deadline import Limits, current_limits, current_scope, limits
 
 _WRITE = "peloton_write"
+_AUTOCOMMIT = "AUTOCOMMIT"
 # The server's statement_timeout fires this much before the client stops waiting, so that a
 # server that answers reports the timeout itself (and the connection stays usable).
 CLIENT_GRACE_SECONDS = 0.2
@@ -129,6 +130,8 @@ def _postgres_engine(url: str, pool_size: int, timeouts: DbTimeouts) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get("isolation_level") == _AUTOCOMMIT:
+            return  # no transaction to SET LOCAL in; the client's wait is bounded alone
         bound = current_limits()
         if bound is not None and bound.deadline is not None:
             left = bound.deadline - time.monotonic() - CLIENT_GRACE_SECONDS
@@ -276,6 +279,19 @@ class Database:
         """A write transaction: committed if the block returns, rolled back if it raises."""
         with self._bounded(), self._write() as session, session.begin():
             yield session
+
+    @contextmanager
+    def appending(self) -> Iterator[Connection]:
+        """A connection for one statement that is a write of its own (a multi-row INSERT into
+        an append-only table): on PostgreSQL it commits by itself, one round trip where a
+        transaction takes four (BEGIN, the deadline's SET LOCAL, the statement, COMMIT); on
+        SQLite it runs in a write transaction (which queues for the write lock)."""
+        if self.dialect != "postgresql":
+            with self.writing() as session:
+                yield session.connection()
+            return
+        with self._bounded(), self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level=_AUTOCOMMIT)
 
     def set_unreachable(self, reason: str) -> None:
         """What the health probe found: RPCs fail fast while ``reason`` is not empty, so that
