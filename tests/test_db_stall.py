@@ -15,6 +15,7 @@ import pytest
 from daemon import DaemonProcess, health_status, in_process_server, wait_for
 from db_proxy import StallingProxy
 from grpc_health.v1 import health_pb2
+from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from support import make_spec
 
@@ -24,6 +25,7 @@ from peloton.jobmgr.manager import JobManager
 from peloton.server import DATABASE_STOP_SECONDS, Server
 from peloton.storage import jobs as repo
 from peloton.storage.db import Database
+from peloton.storage.deadline import RpcScope, scoped
 from peloton.v1 import job_pb2, job_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -214,3 +216,38 @@ def test_the_label_query_stays_fast_with_two_hundred_labels(
         found, _ = repo.list_jobs(session, JobFilter(labels={"team": "cv", "env": "prod"}), 10, "")
     assert took < 1, f"200 label filters took {took:.2f} s"
     assert [j.id for j in found] == [job_id]
+
+
+@pytest.mark.parametrize(
+    ("deadline_s", "server_timeout_ms"), [(3.0, range(1_000, 3_000)), (60.0, range(30_000, 30_001))]
+)
+def test_the_server_times_out_an_rpc_s_transaction_at_its_deadline_where_it_is_shorter(
+    pg_empty_url: str, deadline_s: float, server_timeout_ms: range
+) -> None:
+    """A transaction of an RPC whose deadline is shorter than the session's statement_timeout
+    (30 s) sets its own, a round trip of its own; one whose deadline is no shorter (a client's
+    usual 30 s, less the answer's reserve) keeps the session's and saves the round trip."""
+    db = Database.from_url(pg_empty_url)
+    statements: list[str] = []
+
+    def executed(conn: object, cursor: object, statement: str, *args: object) -> None:
+        statements.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", executed)
+    scope = RpcScope(deadline_s)
+    try:
+        with scoped(scope), db.writing() as session:
+            timeout = session.execute(text("SHOW statement_timeout")).scalar_one()
+    finally:
+        scope.end()
+        db.dispose()
+    set_local = [s for s in statements if s.startswith("SET LOCAL")]
+    assert len(set_local) == (1 if deadline_s < 30 else 0), statements
+    assert _milliseconds(timeout) in server_timeout_ms, timeout
+
+
+def _milliseconds(setting: str) -> int:
+    """A duration as PostgreSQL shows it (``2789ms``, ``30s``), in milliseconds."""
+    if setting.endswith("ms"):
+        return int(setting[:-2])
+    return int(setting.removesuffix("s")) * 1000

@@ -40,6 +40,9 @@ _AUTOCOMMIT = "AUTOCOMMIT"
 # The server's statement_timeout fires this much before the client stops waiting, so that a
 # server that answers reports the timeout itself (and the connection stays usable).
 CLIENT_GRACE_SECONDS = 0.2
+# A transaction's deadline this close to the session's statement_timeout leaves the session's in
+# force (the client still stops waiting at the deadline): a SET LOCAL costs a round trip.
+SERVER_TIMEOUT_SLACK_SECONDS = 1.0
 # A backend checks this often whether its client is gone (a cut connection), and stops.
 PG_CLIENT_CHECK_MS = 500
 
@@ -135,7 +138,10 @@ def _postgres_engine(url: str, pool_size: int, timeouts: DbTimeouts) -> Engine:
         bound = current_limits()
         if bound is not None and bound.deadline is not None:
             left = bound.deadline - time.monotonic() - CLIENT_GRACE_SECONDS
-            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {_ms(left)}")
+            # A round trip of its own: only where the deadline is shorter than the session's
+            # timeout by more than a moment (a client's usual 30 s deadline is not).
+            if left < bound.statement_seconds - SERVER_TIMEOUT_SLACK_SECONDS:
+                conn.exec_driver_sql(f"SET LOCAL statement_timeout = {_ms(left)}")
 
     return engine
 
