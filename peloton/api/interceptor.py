@@ -256,13 +256,20 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             started = time.perf_counter()
             began = time.time()
             caller = ANONYMOUS
-            recorded = False
+            peer = context.peer()
+            once = _Once()  # a cancelled call's handler may still return on its thread
 
             async def record(code: grpc.StatusCode, message: str) -> None:
-                nonlocal recorded
-                recorded = True
-                outcome = Outcome(full, caller, context.peer(), request, code, message, began)
-                await self._record(outcome, wait=code != grpc.StatusCode.CANCELLED)
+                if once.claim():
+                    outcome = Outcome(full, caller, peer, request, code, message, began)
+                    await self._record(outcome, wait=code != grpc.StatusCode.CANCELLED)
+
+            def record_ok() -> None:
+                # On a synchronous handler's worker thread as it returns: no second hop from
+                # the event loop to a worker for the record (each waits for the interpreter).
+                if once.claim() and self._audit is not None:
+                    ok = Outcome(full, caller, peer, request, grpc.StatusCode.OK, "", began)
+                    _audited(self._audit, ok)
 
             # grpc sends an abort's status at once: the outcome is recorded before, so that a
             # refused call, like any other, is answered once the trail holds it.
@@ -271,18 +278,16 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 caller = await self._identify(full, method, ctx, started)
                 await self._check(method, request, ctx, started)
                 response = await self._serve(
-                    method, behavior, asynchronous, caller, request, ctx, started
+                    method, behavior, asynchronous, caller, request, ctx, started, record_ok
                 )
             except (asyncio.CancelledError, GeneratorExit):
-                if not recorded:
-                    await record(grpc.StatusCode.CANCELLED, "cancelled")
+                await record(grpc.StatusCode.CANCELLED, "cancelled")
                 raise
             except Exception:
                 # An abort recorded itself; anything else escaped (grpc answers UNKNOWN).
-                if not recorded:
-                    await record(grpc.StatusCode.UNKNOWN, "unexpected error; see the server log")
+                await record(grpc.StatusCode.UNKNOWN, "unexpected error; see the server log")
                 raise
-            await record(grpc.StatusCode.OK, "")
+            await record(grpc.StatusCode.OK, "")  # a coroutine's (a handler thread's was)
             return response
 
         return run
@@ -296,9 +301,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         request: Any,
         context: Context,
         started: float,
+        returned: Callable[[], None],
     ) -> Any:
         """Run a unary handler as ``caller``: a coroutine on the loop, a synchronous one on a
-        worker thread."""
+        worker thread, which then calls ``returned`` if it returned."""
         # The database work is bounded by the client's deadline, and cut if the RPC ends
         # (cancelled, past its deadline: the server cancels this coroutine) before it does.
         scope = RpcScope(context.time_remaining())
@@ -308,7 +314,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                     set_caller(caller)  # each RPC is a task of its own, with its own context
                     response = await behavior(request, context)
                 else:
-                    call = partial(_in_scope, scope, caller, behavior, request, context)
+                    call = partial(_in_scope, scope, caller, behavior, request, context, returned)
                     response = await asyncio.get_running_loop().run_in_executor(
                         self._executor, call
                     )
@@ -344,12 +350,32 @@ def _code_of(context: Context) -> grpc.StatusCode:
 
 
 def _in_scope(
-    scope: RpcScope, caller: Caller, behavior: Callable[[Any, Any], Any], request: Any, context: Any
+    scope: RpcScope,
+    caller: Caller,
+    behavior: Callable[[Any, Any], Any],
+    request: Any,
+    context: Any,
+    returned: Callable[[], None],
 ) -> Any:
     """Run a synchronous handler on a worker thread as ``caller``, its database work under
-    ``scope``."""
+    ``scope``; then ``returned()``, if it returned."""
     with scoped(scope), acting_as(caller):
-        return behavior(request, context)
+        response = behavior(request, context)
+    returned()
+    return response
+
+
+class _Once:
+    """True for the first claim only, from whichever thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claimed = False
+
+    def claim(self) -> bool:
+        with self._lock:
+            claimed, self._claimed = self._claimed, True
+            return not claimed
 
 
 class _RecordedAbort:
