@@ -483,7 +483,10 @@ def test_the_readme_minicluster_example_runs(tmp_path: Path) -> None:
             return any(f.get("principal") == PRINCIPAL for f in json.loads(body)["frameworks"])
 
         wait_for(subscribed, 60, "the example's daemon to subscribe", 0.1, log.read_text)
-        assert "subscribed to Mesos" in log.read_text()
+        # The daemon says so a moment after the master shows it.
+        wait_for(
+            lambda: "subscribed to Mesos" in log.read_text(), 30, "its word", 0.1, log.read_text
+        )
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
