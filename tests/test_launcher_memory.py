@@ -199,6 +199,28 @@ def test_a_gang_no_hosts_could_ever_hold_fails_with_the_reason(ledger: MemoryLed
     assert states(ledger, job.id) == {T.FAILED}
 
 
+def test_a_gang_that_waits_is_judged_again_when_the_cluster_shrinks(ledger: MemoryLedger) -> None:
+    """A gang that would fit the empty cluster waits for room; once a host leaves the cluster
+    it could never fit the rest, and fails with why."""
+    job, gang = admitted(ledger, make_spec(2, gpu=4))
+    hosts = PoolHosts(2)
+    assert hosts.pool.lease("a2", 0.0) is not None  # another placement holds one host
+    source = ListSource([gang])
+    launcher = Launcher(source, hosts, ledger)
+    assert launcher.run_once() == 0
+    assert [why for _, why in source.returned] == [
+        "needs 2 hosts with 4 free A100 GPUs; 1 host has them"
+    ]
+    assert states(ledger, job.id) == {T.READY}
+
+    hosts.offers.pop()  # the held host leaves the cluster
+    source.returned.clear()
+    assert launcher.run_once() == 0
+    assert source.returned == []
+    got = ledger.get_job(job.id)
+    assert (got.state, got.reason) == (JobState.FAILED, "unplaceable")
+
+
 def test_a_failed_launch_releases_the_leases_and_requeues_the_gang_ready(
     ledger: MemoryLedger,
 ) -> None:

@@ -626,11 +626,23 @@ def never_fits(gang: Gang, hosts: Sequence[HostOffers]) -> str | None:
     the gang is placed on them exactly as on free offers, so "never" means the engine's "not
     now" on the emptiest cluster there can be.
     """
-    classes = Snapshot(hosts).classes()
-    eligible = _eligible(gang, classes)
-    if _choose(gang, eligible) is not None:
-        return None
-    return _why_not(gang, classes, eligible, now=False)
+    return EmptyCluster(hosts).never_fits(gang)
+
+
+class EmptyCluster:
+    """The cluster's hosts with their totals, grouped into classes once, for asking of many
+    gangs whether they could ever be placed (grouping a large cluster's hosts costs more than
+    judging a gang on the classes)."""
+
+    def __init__(self, hosts: Sequence[HostOffers]) -> None:
+        self._classes = Snapshot(hosts).classes()
+
+    def never_fits(self, gang: Gang) -> str | None:
+        """:func:`never_fits` on these hosts."""
+        eligible = _eligible(gang, self._classes)
+        if _choose(gang, eligible) is not None:
+            return None
+        return _why_not(gang, self._classes, eligible, now=False)
 
 
 def gpu_fragmentation(hosts: Sequence[HostOffers], largest_request: int) -> float:

@@ -126,9 +126,11 @@ class Launcher:
         # One per gang placed and not launched yet.
         self._slots = threading.BoundedSemaphore(workers * IN_FLIGHT_PER_WORKER * CHUNK)
         # Gangs found to fit the cluster's hosts when empty; forgotten when the hosts change
-        # (their count or total), so a gang is judged once per cluster shape.
+        # (their count or total), so a gang is judged once per cluster shape, on the hosts
+        # grouped once per shape.
         self._feasible: set[str] = set()
         self._cluster: tuple[int, Resources] = (0, ZERO)
+        self._empty = engine.EmptyCluster([])
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -191,7 +193,7 @@ class Launcher:
         largest = max(int(g.per_task.gpu) for g in gangs)
         self.metrics.gpu_fragmentation.set(engine.gpu_fragmentation(offered, largest))
         snapshot = engine.Snapshot(offered)
-        totals: list[Sequence[HostOffers]] = []  # the cluster's, read once per round if needed
+        totals: list[bool] = []  # the cluster's hosts read this round (and any known)
         launches: list[Future[int]] = []
         chunk = _Chunk(snapshot)
         returned: list[tuple[Gang, str]] = []  # handed back together at the end of the round
@@ -252,15 +254,15 @@ class Launcher:
         self,
         gang: Gang,
         exc: _NotPlaced,
-        totals: list[Sequence[HostOffers]],
+        totals: list[bool],
         returned: list[tuple[Gang, str]],
     ) -> None:
         """Add ``gang`` with the reason to those to hand back (``returned``), or fail it if it
-        can never fit (``totals``: the cluster's hosts if read already this round)."""
+        can never fit (``totals``: not empty once the cluster's hosts were read this round)."""
         if exc.kind == NO_FIT:
             if not totals:
-                totals.append(self._totals())
-            never = self._never_fits(gang, totals[0])
+                totals.append(self._read_totals())
+            never = self._never_fits(gang) if totals[0] else None
             if never:
                 self.metrics.failures.labels(INFEASIBLE).inc()
                 self._fail(gang, never)
@@ -268,21 +270,23 @@ class Launcher:
         self.metrics.failures.labels(exc.kind).inc()
         returned.append((gang, str(exc)))
 
-    def _totals(self) -> Sequence[HostOffers]:
-        """The cluster's hosts with their totals (once per round, when a gang did not fit)."""
+    def _read_totals(self) -> bool:
+        """Read the cluster's hosts with their totals (once per round, when a gang did not
+        fit); whether there are any."""
         totals = self._hosts.totals()
         cluster = (len(totals), sum((h.free for h in totals), ZERO))
         if cluster != self._cluster:
             self._cluster = cluster
             self._feasible.clear()
-        return totals
+            self._empty = engine.EmptyCluster(totals)
+        return bool(totals)
 
-    def _never_fits(self, gang: Gang, totals: Sequence[HostOffers]) -> str | None:
+    def _never_fits(self, gang: Gang) -> str | None:
         """Why ``gang`` fits no set of the cluster's hosts even when they are empty; None if it
-        would (then it waits for room). With no host known yet, nothing is judged."""
-        if not totals or gang.job_id in self._feasible:
+        would (then it waits for room)."""
+        if gang.job_id in self._feasible:
             return None
-        why = engine.never_fits(gang, totals)
+        why = self._empty.never_fits(gang)
         if why is None:
             self._feasible.add(gang.job_id)
         return why
