@@ -108,6 +108,8 @@ def test_a_gang_is_recorded_and_launched_one_group_per_host(ledger: MemoryLedger
         ("0", "1"),
     ]
     assert all(e["PELOTON_GANG_SIZE"] == "3" for e in envs)
+    # A launch logged or shown never shows the gang's secret.
+    assert all(t.env["PELOTON_GANG_SECRET"] not in repr(t) for t in (*a, *b))
     # Each rank's first port, from its host's offers; its named port is the next one.
     assert envs[0]["PELOTON_PEERS"] == "127.0.0.1:31000,127.0.0.1:31002,127.0.0.1:31000"
     assert envs[1]["PELOTON_PORT_HTTP"] == "31003"

@@ -8,7 +8,7 @@ Pure data: the offer pool (:mod:`peloton.hostmgr.offers`) keeps offers and lease
 from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from peloton.core.containers import ContainerLaunch
@@ -104,7 +104,8 @@ class LaunchTask:
     task_id: str
     name: str
     command: str
-    env: Mapping[str, str]
+    # Left out of repr: it holds the gang's secret (PELOTON_GANG_SECRET) and the job's own.
+    env: Mapping[str, str] = field(repr=False)
     resources: Resources
     ports: tuple[int, ...] = ()
     kill_grace_seconds: int = 30
