@@ -126,8 +126,9 @@ def require_leader(leads: Callable[[], bool], what: str) -> None:
 
 
 class LeaderPoolService(PoolService):
-    """Pools change only through the leader, whose resource manager decides with them at once;
-    a follower serves pool reads (it re-reads the pools the leader writes)."""
+    """Pools change only through the leader, whose resource manager decides with them at once,
+    and are read there: their entitlements, allocations and demand are the leader's cycles'
+    (a follower re-reads the pools the leader writes, for the jobs it takes, and runs none)."""
 
     def __init__(
         self, resmgr: ResourceManager, authz: Authorizer, leads: Callable[[], bool]
@@ -152,6 +153,18 @@ class LeaderPoolService(PoolService):
     ) -> pool_pb2.DeletePoolResponse:
         require_leader(self._leads, "change pools")
         return super().DeletePool(request, context)
+
+    def GetPool(
+        self, request: pool_pb2.GetPoolRequest, context: grpc.ServicerContext
+    ) -> pool_pb2.GetPoolResponse:
+        require_leader(self._leads, "read pools")
+        return super().GetPool(request, context)
+
+    def ListPools(
+        self, request: pool_pb2.ListPoolsRequest, context: grpc.ServicerContext
+    ) -> pool_pb2.ListPoolsResponse:
+        require_leader(self._leads, "read pools")
+        return super().ListPools(request, context)
 
 
 class LeaderHostService(HostService):

@@ -169,6 +169,33 @@ def test_exactly_one_leads_and_status_shows_both(
 
 
 @on_postgresql
+def test_a_follower_refuses_pool_reads_in_one_line_and_the_leader_answers(
+    db_url: str, daemons: dict[str, DaemonProcess]
+) -> None:
+    """Only the leader knows the pools' entitlements, allocations and demand (a follower runs
+    no cycles): a follower refuses pool reads with FAILED_PRECONDITION naming where to ask (it
+    failed INTERNAL, and listed no pool at all); the CLI prints one error line."""
+    leader = wait_leader(db_url, daemons, TAKEOVER_SECONDS)
+    follower = "b" if leader == "a" else "a"
+    with (
+        PelotonClient(daemons[leader].address, timeout=10) as at_leader,
+        PelotonClient(daemons[follower].address, timeout=10) as at_follower,
+    ):
+        at_leader.create_pool(pool_pb2.PoolSpec(path="/made-later"))
+        assert at_leader.get_pool("/made-later").spec.path == "/made-later"
+        assert {p.spec.path for p in at_leader.list_pools()} >= {"/default", "/made-later"}
+        for read in (lambda: at_follower.get_pool("/default"), at_follower.list_pools):
+            with pytest.raises(ClientError) as refused:
+                read()
+            assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert "this daemon does not lead: read pools through the leader" in str(refused.value)
+    result = run_peloton("--server", daemons[follower].address, "pool", "list")
+    assert result.returncode != 0
+    assert error_line(result).startswith("error: ")
+    assert "read pools through the leader" in error_line(result)
+
+
+@on_postgresql
 def test_a_killed_leader_is_replaced_within_the_time_to_live(
     db_url: str, daemons: dict[str, DaemonProcess]
 ) -> None:
