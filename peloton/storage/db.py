@@ -36,7 +36,8 @@ from peloton.errors import InvalidArgument, Unavailable
 from peloton.storage.deadline import Limits, current_limits, current_scope, limits
 
 _WRITE = "peloton_write"
-_AUTOCOMMIT = "AUTOCOMMIT"
+# Connections of the engine that appends (Database.appending), at most twice this many.
+APPEND_POOL_SIZE = 2
 # The server's statement_timeout fires this much before the client stops waiting, so that a
 # server that answers reports the timeout itself (and the connection stays usable).
 CLIENT_GRACE_SECONDS = 0.2
@@ -64,8 +65,15 @@ def default_sqlite_url(data_dir: Path) -> str:
     return f"sqlite:///{(data_dir / 'peloton.db').resolve()}"
 
 
-def make_engine(url: str, *, pool_size: int = 16, timeouts: DbTimeouts | None = None) -> Engine:
-    """An engine for ``url`` (``sqlite:///PATH`` or ``postgresql://...``)."""
+def make_engine(
+    url: str,
+    *,
+    pool_size: int = 16,
+    timeouts: DbTimeouts | None = None,
+    autocommit: bool = False,
+) -> Engine:
+    """An engine for ``url`` (``sqlite:///PATH`` or ``postgresql://...``); ``autocommit`` (on
+    PostgreSQL): its connections commit every statement by itself."""
     timeouts = timeouts or DbTimeouts()
     try:
         parsed = make_url(url)
@@ -77,7 +85,9 @@ def make_engine(url: str, *, pool_size: int = 16, timeouts: DbTimeouts | None = 
     if backend == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg2")
-        return _postgres_engine(parsed.render_as_string(hide_password=False), pool_size, timeouts)
+        return _postgres_engine(
+            parsed.render_as_string(hide_password=False), pool_size, timeouts, autocommit
+        )
     raise InvalidArgument("db_url", f"unsupported database {backend!r}; use sqlite or postgresql")
 
 
@@ -100,7 +110,9 @@ class _DeadlinePool(QueuePool):
         self._cap = value
 
 
-def _postgres_engine(url: str, pool_size: int, timeouts: DbTimeouts) -> Engine:
+def _postgres_engine(
+    url: str, pool_size: int, timeouts: DbTimeouts, autocommit: bool = False
+) -> Engine:
     # The driver waits for the server in _wait_for_postgres, which bounds every wait.
     psycopg2.extensions.set_wait_callback(_wait_for_postgres)
     whole = max(1, round(timeouts.connect_seconds))
@@ -129,12 +141,14 @@ def _postgres_engine(url: str, pool_size: int, timeouts: DbTimeouts) -> Engine:
         pool_recycle=1800,
         pool_timeout=timeouts.pool_seconds,
         connect_args=connect_args,
+        # Set once per connection (switching a pooled one costs round trips each time).
+        **({"isolation_level": "AUTOCOMMIT"} if autocommit else {}),
     )
+    if autocommit:
+        return engine  # no transaction to SET LOCAL in: the client's wait is bounded alone
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        if conn.get_execution_options().get("isolation_level") == _AUTOCOMMIT:
-            return  # no transaction to SET LOCAL in; the client's wait is bounded alone
         bound = current_limits()
         if bound is not None and bound.deadline is not None:
             left = bound.deadline - time.monotonic() - CLIENT_GRACE_SECONDS
@@ -263,6 +277,7 @@ class Database:
         self._unreachable = ""  # why the health probe last failed; empty while it answers
         self._closes_at: float | None = None  # on shutdown: when every transaction must end
         self._closer: threading.Timer | None = None
+        self._append_engine: Engine | None = None
         event.listen(engine, "checkout", self._on_checkout)
         event.listen(engine, "checkin", self._on_checkin)
 
@@ -296,8 +311,22 @@ class Database:
             with self.writing() as session:
                 yield session.connection()
             return
-        with self._bounded(), self.engine.connect() as conn:
-            yield conn.execution_options(isolation_level=_AUTOCOMMIT)
+        with self._bounded(), self._appender().connect() as conn:
+            yield conn
+
+    def _appender(self) -> Engine:
+        """The engine of :meth:`appending`: a small pool of connections in autocommit, made at
+        the first append."""
+        with self._lock:
+            if self._append_engine is None:
+                url = self.engine.url.render_as_string(hide_password=False)
+                engine = make_engine(
+                    url, pool_size=APPEND_POOL_SIZE, timeouts=self.timeouts, autocommit=True
+                )
+                event.listen(engine, "checkout", self._on_checkout)
+                event.listen(engine, "checkin", self._on_checkin)
+                self._append_engine = engine
+            return self._append_engine
 
     def set_unreachable(self, reason: str) -> None:
         """What the health probe found: RPCs fail fast while ``reason`` is not empty, so that
@@ -323,6 +352,8 @@ class Database:
         if self._closer is not None:
             self._closer.cancel()
         self.engine.dispose()
+        if self._append_engine is not None:
+            self._append_engine.dispose()
 
     @contextmanager
     def _bounded(self) -> Iterator[None]:
