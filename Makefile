@@ -95,6 +95,7 @@ bench: $(STAMP)
 	$(PY) -m bench.bench_allreduce
 	$(PY) -m bench.bench_containers
 	$(PY) -m bench.bench_elastic
+	$(PY) -m bench.bench_sweep
 	$(PY) -m bench.bench_sim
 	# End to end is minutes per full run (see BENCHMARKS.md); here a small run that must pass.
 	$(PY) -m bench.bench_e2e --check

@@ -53,6 +53,8 @@ from peloton.v1 import (
     job_pb2_grpc,
     pool_pb2,
     pool_pb2_grpc,
+    sweep_pb2,
+    sweep_pb2_grpc,
 )
 
 R = TypeVar("R")
@@ -211,6 +213,7 @@ class _Daemon:
     pools: pool_pb2_grpc.PoolServiceStub
     hosts: host_pb2_grpc.HostServiceStub
     audit: audit_pb2_grpc.AuditServiceStub
+    sweeps: sweep_pb2_grpc.SweepServiceStub
 
     @classmethod
     def open(cls, address: str, tls: Tls | None, token: str | None) -> _Daemon:
@@ -228,6 +231,7 @@ class _Daemon:
             pool_pb2_grpc.PoolServiceStub(channel),
             host_pb2_grpc.HostServiceStub(channel),
             audit_pb2_grpc.AuditServiceStub(channel),
+            sweep_pb2_grpc.SweepServiceStub(channel),
         )
 
 
@@ -487,6 +491,30 @@ class PelotonClient:
             job_id=job_id, instance_id=instance_id, attempt=attempt
         )
         return self._call(lambda d: d.hosts.GetTaskGpus, request)
+
+    # ------------------------------------------------------------------ sweeps
+
+    def submit_sweep(self, spec: sweep_pb2.SweepSpec) -> sweep_pb2.Sweep:
+        request = sweep_pb2.SubmitSweepRequest(spec=spec)
+        # Not idempotent: sent again only where it never reached a daemon.
+        return self._call(lambda d: d.sweeps.SubmitSweep, request, resend=False).sweep
+
+    def get_sweep(self, sweep_id: str) -> sweep_pb2.Sweep:
+        request = sweep_pb2.GetSweepRequest(sweep_id=sweep_id)
+        return self._call(lambda d: d.sweeps.GetSweep, request).sweep
+
+    def list_sweeps(self) -> list[sweep_pb2.Sweep]:
+        request = sweep_pb2.ListSweepsRequest()
+        return list(self._call(lambda d: d.sweeps.ListSweeps, request).sweeps)
+
+    def list_trials(self, sweep_id: str) -> list[sweep_pb2.Trial]:
+        """The sweep's trials, best first."""
+        request = sweep_pb2.ListTrialsRequest(sweep_id=sweep_id)
+        return list(self._call(lambda d: d.sweeps.ListTrials, request).trials)
+
+    def kill_sweep(self, sweep_id: str, message: str = "") -> sweep_pb2.Sweep:
+        request = sweep_pb2.KillSweepRequest(sweep_id=sweep_id, message=message)
+        return self._call(lambda d: d.sweeps.KillSweep, request).sweep
 
     # ------------------------------------------------------------------ audit
 

@@ -22,6 +22,7 @@ from peloton.api.grpc_server import GrpcServer, ServingStatus
 from peloton.api.host_service import HostService
 from peloton.api.job_service import JobService
 from peloton.api.pool_service import PoolService
+from peloton.api.sweep_service import SweepService
 from peloton.api.watches import WatchQuotas
 from peloton.config import ServerConfig
 from peloton.core.states import JobState, TaskState
@@ -54,6 +55,9 @@ from peloton.storage.leases import (
 )
 from peloton.storage.pools import SqlPoolStore
 from peloton.storage.probe import DatabaseProbe
+from peloton.storage.sweeps import trials_by_state
+from peloton.sweep.controller import SweepController, searchers
+from peloton.sweep.metrics import SweepMetrics
 from peloton.v1 import (
     audit_pb2,
     audit_pb2_grpc,
@@ -63,6 +67,8 @@ from peloton.v1 import (
     job_pb2_grpc,
     pool_pb2,
     pool_pb2_grpc,
+    sweep_pb2,
+    sweep_pb2_grpc,
 )
 
 if TYPE_CHECKING:  # pymesos is imported only when a Mesos master is configured
@@ -84,6 +90,7 @@ DATABASE_STOP_SECONDS = 2.0
 SIGNAL_POLL_SECONDS = 0.5
 SERVICE_NAMES = (
     job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+    sweep_pb2.DESCRIPTOR.services_by_name["SweepService"].full_name,
     pool_pb2.DESCRIPTOR.services_by_name["PoolService"].full_name,
     host_pb2.DESCRIPTOR.services_by_name["HostService"].full_name,
     audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
@@ -228,6 +235,7 @@ class Server:
         self.hostmgr: HostManager | None = None
         self.launcher: Launcher | None = None
         self.elastic: Endpoints | None = None
+        self.sweeps: SweepController | None = None
         self.grpc_port = 0
         self.metrics_port = 0
         self._grpc: GrpcServer | None = None
@@ -324,6 +332,12 @@ class Server:
         )
         host_pb2_grpc.add_HostServiceServicer_to_server(hosts, server)
         audit_pb2_grpc.add_AuditServiceServicer_to_server(AuditService(db, authz), server)
+        # ---- sweeps (README "Sweeps"): the leader's controller runs them (_start_scheduling).
+        self.sweeps = self._build_sweeps(db, self.jobs, self.resmgr)
+        sweep_pb2_grpc.add_SweepServiceServicer_to_server(
+            SweepService(db, self.sweeps, authz, run_as, self.resmgr.check_pool), server
+        )
+        # ---- end sweeps
         address = f"{self.config.grpc_host}:{self.config.grpc_port}"
         self.grpc_port = self._grpc.bind(
             address, SERVICE_NAMES, security.grpc_credentials, security.serve_reflection
@@ -377,6 +391,8 @@ class Server:
         self.resmgr.load()  # also sends placements the previous daemon left unlaunched back
         self.resmgr.start()
         self.expiry.start()
+        if self.sweeps is not None:
+            self.sweeps.start()
         if self.hostmgr is not None and self.launcher is not None:
             self.hostmgr.start()  # subscribes under the stored framework id: tasks run on
             self.launcher.start()
@@ -515,6 +531,28 @@ class Server:
         resmgr.add_admission_listener(self.launcher.wake)
         resmgr.set_placement(HostsCheck(self.hostmgr))
 
+    def _build_sweeps(
+        self, db: Database, jobs: JobManager, resmgr: ResourceManager
+    ) -> SweepController:
+        """The sweep controller (started with scheduling), growing elastic trials through the
+        resource manager's growth policy."""
+
+        def trials() -> dict[str, int]:
+            with db.reading() as session:
+                return trials_by_state(session)
+
+        host = default_host(self.config.rendezvous_host, self.config.grpc_host)
+        controller = SweepController(
+            db,
+            jobs,
+            lambda: f"{host}:{self.grpc_port}",
+            searchers(self.config.database_url),
+            SweepMetrics(self.metrics.registry, trials),
+            grown=resmgr.job_changed,
+        )
+        resmgr.set_growth_policy(controller.growth_limit)
+        return controller
+
     def _register_state_gauges(self, db: Database) -> None:
         def jobs() -> dict[str, int]:
             with db.reading() as session:
@@ -570,6 +608,8 @@ class Server:
             self.hostmgr.stop()  # without TEARDOWN: the tasks run on for the next daemon
         if self.expiry is not None:
             self.expiry.stop()
+        if self.sweeps is not None:
+            self.sweeps.stop()
         if self.resmgr is not None:
             self.resmgr.stop()
         if self.elastic is not None:

@@ -39,6 +39,8 @@ from peloton.v1 import (
     job_pb2_grpc,
     pool_pb2,
     pool_pb2_grpc,
+    sweep_pb2,
+    sweep_pb2_grpc,
 )
 
 C = grpc.StatusCode
@@ -47,6 +49,7 @@ SERVICES = (
     pool_pb2.DESCRIPTOR.services_by_name["PoolService"],
     host_pb2.DESCRIPTOR.services_by_name["HostService"],
     audit_pb2.DESCRIPTOR.services_by_name["AuditService"],
+    sweep_pb2.DESCRIPTOR.services_by_name["SweepService"],
 )
 
 # The callers: cluster admins are user root and group sre.
@@ -117,6 +120,15 @@ class Env:
     def audit(self) -> audit_pb2_grpc.AuditServiceStub:
         return audit_pb2_grpc.AuditServiceStub(self.channel)
 
+    @property
+    def sweeps(self) -> sweep_pb2_grpc.SweepServiceStub:
+        return sweep_pb2_grpc.SweepServiceStub(self.channel)
+
+    def sweep(self) -> str:
+        """A new sweep in /team/a submitted by SUBMITTER."""
+        request = sweep_pb2.SubmitSweepRequest(spec=sweep_spec())
+        return self.sweeps.SubmitSweep(request, metadata=md(SUBMITTER)).sweep.sweep_id
+
     def job(self, pool: str = "/team/a", owner: str = SUBMITTER) -> str:
         """A new PENDING job (no Mesos: it stays so) in ``pool`` created by ``owner``."""
         assert self.server.jobs is not None
@@ -127,6 +139,17 @@ class Env:
         assert self.server.resmgr is not None
         self.server.resmgr.create_pool(PoolConfig(path))
         return path
+
+
+def sweep_spec() -> sweep_pb2.SweepSpec:
+    spec = sweep_pb2.SweepSpec(
+        name="sweep",
+        trial=make_spec(1, pool="/team/a"),
+        objective=sweep_pb2.Objective(metric="loss"),
+        max_trials=1,
+    )
+    spec.space["lr"].uniform.high = 1.0
+    return spec
 
 
 @pytest.fixture
@@ -287,6 +310,50 @@ CASES: dict[str, Case] = {
         lambda e, w: e.hosts.GetTaskGpus(H.GetTaskGpusRequest(job_id=e.job()), metadata=md(w)),
         VIEWER,
         C.FAILED_PRECONDITION,
+    ),
+    "/peloton.v1.SweepService/SubmitSweep": Case(
+        lambda e, w: e.sweeps.SubmitSweep(
+            sweep_pb2.SubmitSweepRequest(spec=sweep_spec()), metadata=md(w)
+        ),
+        SUBMITTER,
+        C.OK,
+    ),
+    "/peloton.v1.SweepService/GetSweep": Case(
+        lambda e, w: e.sweeps.GetSweep(
+            sweep_pb2.GetSweepRequest(sweep_id=e.sweep()), metadata=md(w)
+        ),
+        VIEWER,
+        C.OK,
+    ),
+    "/peloton.v1.SweepService/ListSweeps": Case(
+        lambda e, w: e.sweeps.ListSweeps(sweep_pb2.ListSweepsRequest(), metadata=md(w)),
+        STRANGER,
+        C.OK,
+        anyone=True,
+    ),
+    "/peloton.v1.SweepService/ListTrials": Case(
+        lambda e, w: e.sweeps.ListTrials(
+            sweep_pb2.ListTrialsRequest(sweep_id=e.sweep()), metadata=md(w)
+        ),
+        VIEWER,
+        C.OK,
+    ),
+    "/peloton.v1.SweepService/KillSweep": Case(
+        lambda e, w: e.sweeps.KillSweep(
+            sweep_pb2.KillSweepRequest(sweep_id=e.sweep()), metadata=md(w)
+        ),
+        POOL_ADMIN,
+        C.OK,
+    ),
+    # Any caller may report; the trial's report token decides (here: no such trial).
+    "/peloton.v1.SweepService/ReportMetrics": Case(
+        lambda e, w: e.sweeps.ReportMetrics(
+            sweep_pb2.ReportMetricsRequest(job_id="no-such-job", metrics={"loss": 1.0}),
+            metadata=md(w),
+        ),
+        STRANGER,
+        C.INVALID_ARGUMENT,
+        anyone=True,
     ),
     "/peloton.v1.AuditService/ListAuditRecords": Case(
         lambda e, w: e.audit.ListAuditRecords(audit_pb2.ListAuditRecordsRequest(), metadata=md(w)),

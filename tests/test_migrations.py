@@ -36,6 +36,9 @@ TABLES = {
     "leader_leases",
     "daemons",
     "audit_records",
+    "sweeps",
+    "sweep_trials",
+    "sweep_metrics",
 }
 # The tables of revision PREVIOUS.
 PREVIOUS_TABLES = {"jobs", "job_labels", "tasks", "job_events"}

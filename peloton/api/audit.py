@@ -64,6 +64,19 @@ def _hostname(request: Any) -> str:
     return str(request.hostname)
 
 
+# ---- sweeps (README "Sweeps")
+def _sweep_pool(request: Any) -> str:
+    # The pool the sweep's file names ("" for the default pool).
+    return str(request.spec.trial.pool)
+
+
+def _sweep_id(request: Any) -> str:
+    return str(request.sweep_id)
+
+
+# ---- end sweeps
+
+
 # Every RPC that changes anything, and what its request is about (the record's target).
 MUTATING: dict[str, Callable[[Any], str]] = {
     method_name("JobService", "CreateJob"): _job_pool,
@@ -75,6 +88,8 @@ MUTATING: dict[str, Callable[[Any], str]] = {
     method_name("PoolService", "DeletePool"): _path,
     method_name("HostService", "DrainHost"): _hostname,
     method_name("HostService", "UndrainHost"): _hostname,
+    method_name("SweepService", "SubmitSweep"): _sweep_pool,
+    method_name("SweepService", "KillSweep"): _sweep_id,
 }
 
 # Every RPC that only reads: not recorded.
@@ -87,6 +102,9 @@ READS: frozenset[str] = frozenset(
                 ("PoolService", ("GetPool", "ListPools")),
                 ("HostService", ("ListHosts", "GetHost", "GetTaskLogs", "GetTaskGpus")),
                 ("AuditService", ("ListAuditRecords",)),
+                # ReportMetrics writes a trial's metrics, but as telemetry of a running trial
+                # (a call per step of every trial): recorded, it would drown the trail.
+                ("SweepService", ("GetSweep", "ListSweeps", "ListTrials", "ReportMetrics")),
             )
             for method in methods
         ),

@@ -35,7 +35,7 @@ from peloton.core.access import (
 from peloton.core.records import JobRecord
 from peloton.errors import PermissionDenied
 from peloton.resmgr.pool import PoolTree
-from peloton.v1 import audit_pb2, host_pb2, job_pb2, pool_pb2
+from peloton.v1 import audit_pb2, host_pb2, job_pb2, pool_pb2, sweep_pb2
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Rule:
 def method_name(service: str, method: str) -> str:
     """The full gRPC name of a method of a peloton service, as the interceptor sees it; raises
     KeyError for a method the descriptors do not have (a rule for a renamed RPC)."""
-    for module in (job_pb2, pool_pb2, host_pb2, audit_pb2):
+    for module in (job_pb2, pool_pb2, host_pb2, audit_pb2, sweep_pb2):
         found = module.DESCRIPTOR.services_by_name.get(service)
         if found is not None:
             return f"/{found.full_name}/{found.methods_by_name[method].name}"
@@ -122,6 +122,23 @@ RULES: Mapping[str, Rule] = {
     method_name("AuditService", "ListAuditRecords"): Rule(
         On.CLUSTER, Permission.ADMIN, "read the audit trail"
     ),
+    # Sweeps (README "Sweeps"): a sweep's trials are jobs in its pool, so it takes what its
+    # jobs would; "{job}" names the sweep.
+    method_name("SweepService", "SubmitSweep"): Rule(
+        On.POOL, Permission.SUBMIT, "submit a sweep to {pool}"
+    ),
+    method_name("SweepService", "GetSweep"): Rule(On.POOL, Permission.VIEW, "view {job} in {pool}"),
+    # Lists only the sweeps of pools the caller may view.
+    method_name("SweepService", "ListSweeps"): _ANYONE,
+    method_name("SweepService", "ListTrials"): Rule(
+        On.POOL, Permission.VIEW, "view the trials of {job} in {pool}"
+    ),
+    method_name("SweepService", "KillSweep"): Rule(
+        On.POOL, Permission.ADMIN, "kill {job} in {pool}", owner_needs=Permission.SUBMIT
+    ),
+    # Called by a trial's tasks: the servicer also requires the trial's report token, which
+    # only they (and whoever may view the trial's job) hold.
+    method_name("SweepService", "ReportMetrics"): _ANYONE,
 }
 
 

@@ -12,7 +12,18 @@ import sys
 
 import click
 
-from peloton.cli import audit, cluster, db, hosts, jobs, minicluster, pools, server, simulate
+from peloton.cli import (
+    audit,
+    cluster,
+    db,
+    hosts,
+    jobs,
+    minicluster,
+    pools,
+    server,
+    simulate,
+    sweeps,
+)
 from peloton.cli.common import CliError, cli_error, usage_error
 from peloton.client import server_addresses
 
@@ -136,6 +147,7 @@ cli.add_command(db.db)
 cli.add_command(cluster.cluster)
 cli.add_command(audit.audit)
 cli.add_command(simulate.simulate)
+cli.add_command(sweeps.sweep)  # README "Sweeps"
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from peloton.core.containers import RUNTIME_DIR, container_launch
-from peloton.v1 import host_pb2, job_pb2
+from peloton.v1 import host_pb2, job_pb2, sweep_pb2
 
 
 class StateChoice(click.Choice[str]):
@@ -86,6 +86,8 @@ def reason(reason: str, message: str, wide: bool = True) -> str:
 STATE_PREFIXES = {
     job_pb2.JobState.DESCRIPTOR.full_name: "JOB_STATE_",
     job_pb2.TaskState.DESCRIPTOR.full_name: "TASK_STATE_",
+    sweep_pb2.SweepState.DESCRIPTOR.full_name: "SWEEP_STATE_",
+    sweep_pb2.TrialState.DESCRIPTOR.full_name: "TRIAL_STATE_",
 }
 
 

@@ -77,6 +77,11 @@ ENDING = frozenset({TaskState.PREEMPTING, TaskState.KILLING})
 SPOT_SECONDS = 60.0
 
 
+def _no_growth_limit(_job: JobRecord) -> int | None:
+    """The default growth policy: every elastic gang grows to its maximum."""
+    return None
+
+
 @dataclass
 class JobView:
     """What the resource manager knows of one unfinished job."""
@@ -92,10 +97,13 @@ class JobView:
     seq: int
     # GPU-seconds its tasks have held so far (least-attained-service pools order by it).
     service: float = 0.0
+    # Elastic gangs: the size it may grow to now (None: its maximum). Set by the growth policy
+    # (ResourceManager.set_growth_policy): a sweep grows only its leading trials.
+    growth_limit: int | None = None
     # What gangs() and as_running() built last, and from what: most jobs do not change between
     # two cycles, and every cycle asks for every queued or running job's.
-    _gangs: tuple[tuple[int, int, int, float, float], tuple[Waiting, ...]] | None = field(
-        default=None, init=False, repr=False, compare=False
+    _gangs: tuple[tuple[int, int, int, float, float, int | None], tuple[Waiting, ...]] | None = (
+        field(default=None, init=False, repr=False, compare=False)
     )
     _running: tuple[tuple[int, int, float], preemption.Running] | None = field(
         default=None, init=False, repr=False, compare=False
@@ -133,26 +141,43 @@ class JobView:
 
     def queued_gangs(self) -> int:
         """len(gang_sizes()), without building the list."""
-        if self.pending <= 0:
-            return 0
         running = self.holding - self.ending
-        first = min(self.pending, max(1, self.job.spec.gang.min_instances - running))
-        return 1 + self.pending - first
+        queued = self._queued(running)
+        if queued <= 0:
+            return 0
+        first = min(queued, max(1, self.job.spec.gang.min_instances - running))
+        return 1 + queued - first
 
     def gang_sizes(self) -> list[int]:
         """How its PENDING tasks queue: the first ``gang.min_instances`` (less those already
         running) as one gang, the rest one task each. Default: all of them as one gang."""
-        if self.pending <= 0:
-            return []
         running = self.holding - self.ending
-        first = min(self.pending, max(1, self.job.spec.gang.min_instances - running))
-        return [first] + [1] * (self.pending - first)
+        queued = self._queued(running)
+        if queued <= 0:
+            return []
+        first = min(queued, max(1, self.job.spec.gang.min_instances - running))
+        return [first] + [1] * (queued - first)
+
+    def _queued(self, running: int) -> int:
+        """How many of its PENDING tasks queue: all of them, or, under a growth limit, those
+        that bring it to its minimum and then as many as the limit leaves room for."""
+        if self.growth_limit is None:
+            return self.pending
+        least = self.job.spec.gang.min_instances - running
+        return min(self.pending, max(least, self.growth_limit - running, 0))
 
     def gangs(self) -> tuple[Waiting, ...]:
         """Its PENDING tasks as gangs of its pool's queue (:meth:`gang_sizes`). An elastic
         gang's tasks above its minimum (growth) queue after every other gang of their priority:
         growth takes only capacity no waiting gang wants, so it never delays one."""
-        key = (self.pending, self.holding, self.ending, self.pending_since, self.service)
+        key = (
+            self.pending,
+            self.holding,
+            self.ending,
+            self.pending_since,
+            self.service,
+            self.growth_limit,
+        )
         if self._gangs is None or self._gangs[0] != key:
             spec = self.job.spec
             # The first queued gang brings the gang to its minimum, unless it runs it already.
@@ -353,6 +378,8 @@ class ResourceManager:
         hosts hold a gang now, for the placement-aware pools (BACKFILL, LAS); without it they
         admit on totals."""
         self._placement = placement
+        # How far each elastic gang may grow now (None: to its maximum); see set_growth_policy.
+        self._growth_policy: Callable[[JobRecord], int | None] = _no_growth_limit
         # Expected run seconds of jobs, learned from the finished ones, by (pool, name).
         self._runtimes: dict[tuple[str, str], float] = {}
         self._service_at: float | None = None
@@ -466,6 +493,12 @@ class ResourceManager:
         with self._wake:
             self._capacity, self._lost = total, tuple(lost)
             self._wake.notify_all()
+
+    def set_growth_policy(self, policy: Callable[[JobRecord], int | None]) -> None:
+        """How far each elastic gang may grow now (None: to its maximum), asked whenever a
+        job is re-read: a sweep grows only its leading trials (peloton.sweep.controller). Call
+        :meth:`job_changed` when a job's answer changes."""
+        self._growth_policy = policy
 
     def set_placement(self, placement: PlacementCheck) -> None:
         """Where the placement-aware pools ask whether a gang fits the hosts now."""
@@ -665,6 +698,7 @@ class ResourceManager:
                 pending_since=min(since, now),
                 admitted_at=since,
                 seq=self._seq,
+                growth_limit=self._growth_policy(job),
             )
             self._views[job.id] = view
             self._book.add(view)
@@ -688,10 +722,18 @@ class ResourceManager:
             changed = True
         if pending and not view.pending:
             view.pending_since = now  # a new wait begins (restart or preemption)
-        counted = (pending, holding, ending) != (view.pending, view.holding, view.ending)
+        limit = self._growth_policy(job)
+        changed = changed or limit != view.growth_limit
+        counted = (pending, holding, ending, limit) != (
+            view.pending,
+            view.holding,
+            view.ending,
+            view.growth_limit,
+        )
         if counted:
             self._book.remove(view)
         view.job, view.pending, view.holding, view.ending = job, pending, holding, ending
+        view.growth_limit = limit
         if counted:
             self._book.add(view)
         return changed

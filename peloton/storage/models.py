@@ -329,3 +329,68 @@ class AuditRecordRow(Base):
         Index("ix_audit_records_user_name", "user_name", "at"),
         Index("ix_audit_records_target", "target", "at"),
     )
+
+
+# ---------------------------------------------------------------- sweeps (README "Sweeps")
+
+
+class SweepRow(Base):
+    """A hyperparameter sweep: its spec and where it stands. Its trials are jobs of their own,
+    named by ``sweep_trials``; what they reported is in ``sweep_metrics``."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    pool: Mapped[str] = mapped_column(String(512))
+    owner: Mapped[str] = mapped_column(String(255))
+    # A serialized peloton.v1.SweepSpec.
+    spec: Mapped[bytes] = mapped_column(LargeBinary)
+    # RUNNING, SUCCEEDED, FAILED or KILLED; reason says why it ended.
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    # Times freed GPUs grew a leading trial.
+    reallocations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index("ix_sweeps_state", "state"),)
+
+
+class SweepTrialRow(Base):
+    """One trial of a sweep: its parameters and the job that runs them."""
+
+    __tablename__ = "sweep_trials"
+
+    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id"), primary_key=True)
+    # 0, 1, ... in the order the trials were created.
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # Its job; None until the job is created (the row is written first, so that a daemon that
+    # restarts in between creates the same job: the request id and the token are the row's).
+    job_id: Mapped[str | None] = mapped_column(String(36), unique=True, nullable=True)
+    # RUNNING, SUCCEEDED, STOPPED, FAILED or KILLED; reason says why it ended.
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    # The parameters, as JSON {"lr": 0.1}.
+    params: Mapped[str] = mapped_column(Text)
+    # The token its tasks report metrics with (in its job's spec too, as PELOTON_SWEEP_TOKEN).
+    token: Mapped[str] = mapped_column(String(64))
+    # The search algorithm's id of the trial (Optuna's trial number; -1: none).
+    ref: Mapped[int] = mapped_column(Integer, default=-1)
+    # The elastic gang size it may grow to now (0: its gang's maximum, not held back).
+    size: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class SweepMetricRow(Base):
+    """One metric a trial reported at one step (a value that is not a number is NULL)."""
+
+    __tablename__ = "sweep_metrics"
+
+    sweep_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    trial: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reported_at: Mapped[datetime] = mapped_column(UTCDateTime)
