@@ -549,6 +549,7 @@ class Server:
             searchers(self.config.database_url),
             SweepMetrics(self.metrics.registry, trials),
             grown=resmgr.job_changed,
+            server_tls=bool(self.config.tls_cert_file),
         )
         resmgr.set_growth_policy(controller.growth_limit)
         return controller

@@ -224,3 +224,6 @@ def test_a_trial_job_carries_its_parameters_and_report_token() -> None:
     assert job.task.env["SWEEP_TOKEN"] == "tok"
     assert job.task.env["SWEEP_SERVER"] == "10.0.0.1:5392"
     assert dict(job.labels) == {"sweep": "sid", "trial": "3"}
+    assert "SWEEP_SERVER_TLS" not in job.task.env
+    tls = trial_job(_spec().trial, "s", "sid", 3, {"lr": 0.01}, "tok", "10.0.0.1:5392", tls=True)
+    assert tls.task.env["SWEEP_SERVER_TLS"] == "1"  # the daemon serves TLS: report over it

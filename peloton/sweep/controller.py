@@ -134,12 +134,15 @@ class SweepController:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         interval: float = PASS_SECONDS,
         grown: Callable[[str], None] = lambda _job_id: None,
+        server_tls: bool = False,
     ) -> None:
-        """``server()``: the daemon's gRPC address as the trials' tasks reach it; ``grown(job
-        id)``: a trial's growth limit went up (the resource manager re-reads the job)."""
+        """``server()``: the daemon's gRPC address as the trials' tasks reach it
+        (``server_tls``: over TLS); ``grown(job id)``: a trial's growth limit went up (the
+        resource manager re-reads the job)."""
         self._db = db
         self._jobs = jobs
         self._server = server
+        self._server_tls = server_tls
         self._make_searcher = searcher
         self._searchers: dict[str, Searcher] = {}
         self.metrics = metrics or SweepMetrics()
@@ -410,6 +413,7 @@ class SweepController:
             trial.params,  # type: ignore[arg-type]
             trial.token,
             self._server(),
+            self._server_tls,
         )
         try:
             job, _ = self._jobs.create_job(spec, request_id(sweep.id, trial.index), sweep.owner)

@@ -6,7 +6,9 @@ the scheduler's own, which a job spec may not set):
 
 - ``SWEEP_PARAM_<NAME>``: each parameter (``SWEEP_PARAM_LR=0.01``); ``{name}`` in the
   task's command is replaced by it too (``--lr {lr}``).
-- ``SWEEP_SERVER``: the daemon's gRPC address, where :func:`peloton.report` sends.
+- ``SWEEP_SERVER``: the daemon's gRPC address, where :func:`peloton.report` sends, and
+  ``SWEEP_SERVER_TLS=1`` where the daemon serves TLS (the tasks verify its certificate with the
+  CA in ``SWEEP_CA_FILE`` when their template sets one, else the system's roots).
 - ``SWEEP_ID``, ``SWEEP_TRIAL``: which sweep and trial (its index) this is.
 - ``SWEEP_TOKEN``: the trial's report token, which the daemon requires of every
   report: only the trial's own tasks (and whoever may read its job) hold it.
@@ -21,6 +23,7 @@ from peloton.v1 import job_pb2
 
 PARAM_PREFIX = "SWEEP_PARAM_"
 SWEEP_SERVER = "SWEEP_SERVER"
+SWEEP_SERVER_TLS = "SWEEP_SERVER_TLS"
 SWEEP_ID = "SWEEP_ID"
 TRIAL_INDEX = "SWEEP_TRIAL"
 SWEEP_TOKEN = "SWEEP_TOKEN"
@@ -42,8 +45,10 @@ def trial_job(
     params: Mapping[str, Value],
     token: str,
     server: str,
+    tls: bool = False,
 ) -> job_pb2.JobSpec:
-    """The job spec of trial ``index`` (the template is left as it is)."""
+    """The job spec of trial ``index`` (the template is left as it is); ``tls``: the daemon
+    at ``server`` serves TLS."""
     spec = job_pb2.JobSpec()
     spec.CopyFrom(template)
     spec.name = f"{sweep_name}-trial-{index}"
@@ -56,6 +61,8 @@ def trial_job(
         command = command.replace("{" + name + "}", text(value))
     spec.task.command = command
     env[SWEEP_SERVER] = server
+    if tls:
+        env[SWEEP_SERVER_TLS] = "1"
     env[SWEEP_ID] = sweep_id
     env[TRIAL_INDEX] = str(index)
     env[SWEEP_TOKEN] = token
