@@ -145,6 +145,40 @@ def test_trials_run_as_jobs_and_asha_stops_the_weak_ones(
     assert got.trials["stopped"] == 2 and got.trials["running"] == 3
 
 
+def test_a_stopped_trial_s_gpus_start_no_trial_until_its_tasks_have_left(
+    server: Server, stub: sweep_pb2_grpc.SweepServiceStub
+) -> None:
+    """The budget counts a stopped trial's GPUs until its job's tasks are gone (their kill
+    grace): a sweep never holds more than its budget (3 GPUs here: 3 trials of one)."""
+    sweep = stub.SubmitSweep(S.SubmitSweepRequest(spec=sweep_spec()), timeout=10).sweep
+    first = started(stub, sweep.sweep_id, 3)
+    for t in first:
+        drive(server, t.job_id, [0], TO_RUNNING)  # running: a kill takes its grace
+    for t, loss in zip(first, (0.1, 0.5, 0.9), strict=True):
+        report(1, {"loss": loss}, env=env_of(server, t.job_id))
+    wait_for(
+        lambda: [state_of(stub, sweep.sweep_id, i) for i in (1, 2)] == ["TRIAL_STATE_STOPPED"] * 2,
+        15,
+        "trials 1 and 2 stopped",
+        state=lambda: trials(stub, sweep.sweep_id),
+    )
+    assert server.jobs is not None
+    jobs = server.jobs
+    wait_for(  # recorded STOPPED first, then killed
+        lambda: {jobs.get_job(t.job_id).state for t in first[1:]} == {JobState.KILLING},
+        15,
+        "their jobs KILLING",
+        state=lambda: [jobs.get_job(t.job_id).state for t in first],
+    )
+    drive(server, first[1].job_id, [0], [TaskState.KILLED])  # one leaves; the other still holds
+    started(stub, sweep.sweep_id, 4)
+    # The pass that started the fourth would have started a fifth had trial 2's GPU been free,
+    # and every pass since saw its job still KILLING.
+    assert len([t for t in trials(stub, sweep.sweep_id) if t.job_id]) == 4
+    drive(server, first[2].job_id, [0], [TaskState.KILLED])
+    started(stub, sweep.sweep_id, 5)
+
+
 def test_a_trial_that_reports_nan_fails_and_one_that_ends_silent_fails(
     server: Server, stub: sweep_pb2_grpc.SweepServiceStub
 ) -> None:

@@ -11,8 +11,9 @@ in this order:
    reason first, then its job is killed gracefully (SIGTERM, its kill grace, SIGKILL);
 4. fails the sweep after ``max_failed_trials`` failures (killing the trials still running);
 5. starts new trials while fewer than ``parallel_trials`` run, ``max_trials`` is not reached
-   and the budget has room for one more at its gang's minimum; the sweep succeeds when none
-   runs and none is left to start;
+   and the budget has room for one more at its gang's minimum (the GPUs of trials that ended
+   count until their jobs' tasks have left); the sweep succeeds when none runs and none is
+   left to start;
 6. grows the leading elastic trials with the budget's GPUs no trial holds
    (:func:`peloton.sweep.realloc.plan_growth`), once every running trial has reported (a
    trial is never shrunk back: the leader among them all gets them).
@@ -38,7 +39,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from peloton.core.records import JobRecord
-from peloton.core.states import JobState, TaskState
+from peloton.core.states import JOB_TERMINAL, JobState, TaskState
 from peloton.errors import FailedPrecondition, NotFound, PelotonError
 from peloton.storage import sweeps as repo
 from peloton.storage.db import Database
@@ -143,6 +144,8 @@ class SweepController:
         self._jobs = jobs
         self._server = server
         self._server_tls = server_tls
+        # Jobs of ended trials known to hold nothing any more (see _held).
+        self._settled: set[str] = set()
         self._make_searcher = searcher
         self._searchers: dict[str, Searcher] = {}
         self.metrics = metrics or SweepMetrics()
@@ -374,7 +377,7 @@ class SweepController:
         """Start what the limits allow; False when the sweep ended instead (none left)."""
         running = [t for t in trials if t.record.state == repo.RUNNING]
         index = len(trials)
-        held = sum(self._size(t.record, plan) for t in running) * plan.gpus_per_task
+        held = self._held(plan, trials)
         one = plan.min_size * plan.gpus_per_task
         exhausted = False
         while len(running) < plan.parallel and index < sweep.spec.max_trials:
@@ -446,6 +449,30 @@ class SweepController:
             reason = "no trial reported the objective"
         self.end_sweep(sweep.id, "SUCCEEDED", reason)
 
+    def _held(self, plan: sweep_spec.Plan, trials: Sequence[_Trial]) -> float:
+        """The GPUs the sweep's trials hold: the running trials', and those of trials that
+        ended (stopped, failed, killed) while their jobs' tasks are still leaving (up to their
+        kill grace), so that a new trial never takes them before they are free."""
+        held = 0
+        for t in trials:
+            job_id = t.record.job_id
+            if t.record.state != repo.RUNNING and (job_id is None or self._left(job_id)):
+                continue
+            held += self._size(t.record, plan)
+        return held * plan.gpus_per_task
+
+    def _left(self, job_id: str) -> bool:
+        """Whether an ended trial's job holds nothing any more (remembered once it does)."""
+        if job_id in self._settled:
+            return True
+        try:
+            done = self._jobs.get_job(job_id).state in JOB_TERMINAL
+        except NotFound:
+            done = True  # deleted: it holds nothing
+        if done:
+            self._settled.add(job_id)
+        return done
+
     @staticmethod
     def _size(trial: TrialRecord, plan: sweep_spec.Plan) -> int:
         """The gang size the budget counts for a running trial."""
@@ -465,7 +492,7 @@ class SweepController:
         # the leader among all of them, not to the first that reported.
         if any(not t.history for t in running):
             return
-        held = sum(self._size(t.record, plan) for t in running) * plan.gpus_per_task
+        held = self._held(plan, trials)
         grows = plan_growth(
             [
                 Running(
