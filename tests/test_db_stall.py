@@ -219,7 +219,7 @@ def test_the_label_query_stays_fast_with_two_hundred_labels(
 
 
 @pytest.mark.parametrize(
-    ("deadline_s", "server_timeout_ms"), [(3.0, range(1_000, 3_000)), (60.0, range(30_000, 30_001))]
+    ("deadline_s", "server_timeout_ms"), [(3.0, range(1, 3_000)), (60.0, range(30_000, 30_001))]
 )
 def test_the_server_times_out_an_rpc_s_transaction_at_its_deadline_where_it_is_shorter(
     pg_empty_url: str, deadline_s: float, server_timeout_ms: range
@@ -228,6 +228,8 @@ def test_the_server_times_out_an_rpc_s_transaction_at_its_deadline_where_it_is_s
     (30 s) sets its own, a round trip of its own; one whose deadline is no shorter (a client's
     usual 30 s, less the answer's reserve) keeps the session's and saves the round trip."""
     db = Database.from_url(pg_empty_url)
+    with db.reading() as session:  # the pool's connection is made before the clock runs
+        session.execute(text("SELECT 1"))
     statements: list[str] = []
 
     def executed(conn: object, cursor: object, statement: str, *args: object) -> None:
