@@ -19,6 +19,7 @@ from support import make_spec
 
 from peloton.api import limits
 from peloton.client import ClientError, PelotonClient
+from peloton.errors import InvalidArgument
 from peloton.server import Server
 from peloton.v1 import host_pb2, job_pb2, job_pb2_grpc, pool_pb2
 
@@ -407,3 +408,15 @@ def test_fuzzed_requests_of_every_rpc_and_field_never_cause_an_internal_error(
         assert code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), (request, exc)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             assert streaming, (request, exc)
+
+
+def test_an_unsigned_number_past_what_the_database_stores_is_refused_naming_the_field() -> None:
+    """A WatchJob after 2^63 failed INTERNAL (the database's integers are signed 64-bit); the
+    largest that fits is taken."""
+    with pytest.raises(InvalidArgument) as err:
+        limits.check_request(job_pb2.WatchJobRequest(job_id="j", after_sequence=2**63))
+    assert (err.value.field, err.value.reason) == (
+        "after_sequence",
+        f"is more than {2**63 - 1}",
+    )
+    limits.check_request(job_pb2.WatchJobRequest(job_id="j", after_sequence=2**63 - 1))

@@ -1,5 +1,6 @@
 """Checks every request at the API edge, before a servicer sees it: no string holds a NUL or
-invalid UTF-8, and no string or repeated field is longer than its limit (README, "Limits").
+invalid UTF-8, no string or repeated field is longer than its limit, and no unsigned 64-bit
+number exceeds what the database stores (README, "Limits").
 
 The walk is generic over the message's descriptor, so a field added to a proto is checked
 without code here; the tables below only name the fields whose limit differs from the default.
@@ -33,6 +34,9 @@ MAX_STATES = 16
 DEFAULT_MAX_STRING = 1024
 # Any other repeated or map field.
 DEFAULT_MAX_REPEATED = 256
+# The largest value of an unsigned 64-bit field: PostgreSQL's and SQLite's integers are signed.
+MAX_INT64 = 2**63 - 1
+_UNSIGNED_64 = (FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64)
 
 _V1 = "peloton.v1."
 # Longest value, in UTF-8 bytes, of a string field (map keys and values by their entry's field).
@@ -122,6 +126,11 @@ def _check_value(field: FieldDescriptor, path: str, value: Any) -> None:
 
 
 def _check_scalar(field: FieldDescriptor, path: str, value: Any) -> None:
+    if field.type in _UNSIGNED_64:
+        # Stored as the databases' signed 64-bit integers (a sequence, a step, a seed).
+        if value > MAX_INT64:
+            raise InvalidArgument(path, f"is more than {MAX_INT64}")
+        return
     if field.type != FieldDescriptor.TYPE_STRING:
         return
     if "\x00" in value:
