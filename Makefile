@@ -6,11 +6,12 @@ BIN    := $(VENV)/bin
 PROTOS := $(wildcard proto/peloton/v1/*.proto)
 STAMP  := $(VENV)/.installed
 
-.PHONY: help dev proto proto-check bundle images lint test test-mesos bench demo demo-sim clean prometheus
+.PHONY: help dev proto proto-check bundle images lint test test-mesos bench demo demo-sim clean prometheus chromium
 
 help:
 	@echo "make dev          virtualenv in $(VENV), editable install with dev tools, generated code"
-	@echo "make test         the whole test suite (SQLite and PostgreSQL; starts local PostgreSQL, installs prometheus)"
+	@echo "make test         the whole test suite (SQLite and PostgreSQL; starts local PostgreSQL, installs"
+	@echo "                  prometheus and chromium)"
 	@echo "make test-mesos   end to end on real Mesos (PELOTON_TEST_MESOS_MASTER, else local real clusters)"
 	@echo "make lint         ruff, mypy, the import contracts and the generated-code check"
 	@echo "make bench        benchmarks (figures go in BENCHMARKS.md)"
@@ -25,6 +26,7 @@ help:
 	@echo "make images       build/images: a registry for the minicluster's task containers (README"
 	@echo "                  \"Task containers\"): the runtime bundle's image and example:1"
 	@echo "make prometheus   install prometheus and promtool (Debian package, as root)"
+	@echo "make chromium     install chromium and chromedriver for the console's browser tests (Debian, as root)"
 	@echo "make clean        remove $(VENV), .demo, .bench and tool caches"
 
 $(STAMP): pyproject.toml scripts/install-http-parser.sh
@@ -73,9 +75,13 @@ lint: $(STAMP) proto-check
 prometheus:
 	scripts/install-prometheus.sh
 
-test: $(STAMP) prometheus
+# chromium and chromedriver, which the web console's browser tests drive (Debian packages, as root).
+chromium:
+	scripts/install-chromium.sh
+
+test: $(STAMP) prometheus chromium
 	scripts/ensure-postgres.sh
-	$(BIN)/pytest -q --ignore=tests/mesos
+	$(BIN)/pytest -q --ignore=tests/mesos -n 2 --dist loadfile
 
 # Against PELOTON_TEST_MESOS_MASTER (host:port), else local real Mesos 1.11 clusters started from
 # ../shared/real-mesos (PELOTON_REAL_MESOS_DIR); PYTEST_ARGS, e.g. -m 'not disruptive', go to
@@ -84,7 +90,7 @@ test-mesos: $(STAMP)
 	scripts/ensure-postgres.sh
 	$(BIN)/pytest -q tests/mesos $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) chromium
 	scripts/ensure-postgres.sh
 	$(PY) -m bench.bench_jobs
 	$(PY) -m bench.bench_security
@@ -100,6 +106,7 @@ bench: $(STAMP)
 	# End to end is minutes per full run (see BENCHMARKS.md); here a small run that must pass.
 	$(PY) -m bench.bench_e2e --check
 	$(PY) -m bench.bench_ha --repeats 1 --rounds 3
+	$(PY) -m bench.bench_console --repeats 3
 
 demo: $(STAMP)
 	$(PY) -m peloton.demo

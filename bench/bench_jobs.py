@@ -230,6 +230,7 @@ class Daemon:
         self.port_file = workdir / "ports"
         self.proc: subprocess.Popen[bytes] | None = None
         self.grpc_port = 0
+        self.console_port = 0  # 0 where the port file names none (the console is off)
 
     @property
     def pid(self) -> int:
@@ -263,6 +264,9 @@ class Daemon:
             self.proc = subprocess.Popen(
                 dies_with_us(cmd),
                 cwd=REPO,
+                # The console on a free port (several daemons run at once), by environment
+                # rather than flag: an earlier commit's daemon (bench_ha) has no such option.
+                env={**os.environ, "PELOTON_CONSOLE_PORT": "0"},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -274,6 +278,8 @@ class Daemon:
                 text_ = self.port_file.read_text().split()
                 if text_:
                     self.grpc_port = int(text_[0])
+                    # "grpc metrics console": the console's where the daemon serves one.
+                    self.console_port = int(text_[2]) if len(text_) > 2 else 0
                     break
             if self.proc.poll() is not None:
                 raise RuntimeError(

@@ -142,7 +142,8 @@ class Daemon:
         self.log_path = workdir / "server.log"
         port_file = workdir / "ports"
         cmd = [str(PELOTON), "server", "--db-url", url, "--data-dir", str(workdir / "data")]
-        cmd += ["--grpc-port", "0", "--metrics-port", "0", "--port-file", str(port_file)]
+        cmd += ["--grpc-port", "0", "--metrics-port", "0", "--console-port", "0"]
+        cmd += ["--port-file", str(port_file)]
         cmd += ["--log-level", "warning", *args]
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(

@@ -83,6 +83,10 @@ class ServerConfig:
     metrics_port: int = option(
         9392, help="Prometheus /metrics port (0: any free).", min=0, max=65535
     )
+    # The web console (docs/console-api.md): the daemon serves it on a port of its own.
+    console_enabled: bool = option(True, help="Serve the web console.")
+    console_host: str = option("127.0.0.1", help="Address the web console listens on.")
+    console_port: int = option(8392, help="Web console port (0: any free).", min=0, max=65535)
     rendezvous_host: str = option(
         "",
         help="Address the rendezvous endpoints of elastic gangs listen on; their tasks connect "

@@ -242,14 +242,16 @@ def main(argv: list[str] | None = None) -> None:
         daemon = Child(
             "server",
             ["server", "--data-dir", shown(demo_dir), "--grpc-port", "0", "--metrics-port", "0",
-             "--port-file", shown(port_file), "--mesos-master", master,
+             "--console-port", "0", "--port-file", shown(port_file), "--mesos-master", master,
              "--offer-refuse-seconds", "1"],
             env, demo_dir,
         )  # fmt: skip
         children.append(daemon)
-        grpc_port, metrics_port = daemon.wait_for(port_file).split()
+        grpc_port, metrics_port, console_port = daemon.wait_for(port_file).split()
         env["PELOTON_SERVER"] = f"127.0.0.1:{grpc_port}"
+        console = f"http://127.0.0.1:{console_port}"
         print(f"daemon pid {daemon.proc.pid}: gRPC on {env['PELOTON_SERVER']}", flush=True)
+        print(f"web console: {console}", flush=True)
         print(f"minicluster pid {cluster.proc.pid}: master at {master}", flush=True)
 
         say("3. Create a pool tree: /research with the leaf pool /research/vision")
@@ -263,6 +265,10 @@ def main(argv: list[str] | None = None) -> None:
         print(spec_file.read_text().rstrip(), flush=True)
         submitted = run("job", "submit", shown(spec_file), env=env)
         job_id = submitted.split()[1]
+        print(
+            f"console: {console}/#/jobs/{job_id}   (open it to watch the gang on its GPUs)",
+            flush=True,
+        )
 
         say("5. Watch it: job and task states, where each rank runs, each worker's loss")
         with PelotonClient(env["PELOTON_SERVER"], timeout=10) as client:
@@ -292,8 +298,9 @@ def main(argv: list[str] | None = None) -> None:
         f"Logs of the daemon and the minicluster: {where}/server.log, {where}/minicluster.log\n"
         f"The database: {where}/peloton.db\n"
         "With a daemon running, look around with: peloton pool tree, peloton host list,\n"
-        "peloton job list, peloton task logs JOB_ID 0, and its metrics URL (default\n"
-        "http://127.0.0.1:9392/metrics). Nothing is left running.",
+        "peloton job list, peloton task logs JOB_ID 0, its web console (default\n"
+        "http://127.0.0.1:8392) and its metrics URL (default http://127.0.0.1:9392/metrics).\n"
+        "Nothing is left running.",
         flush=True,
     )
 

@@ -25,6 +25,9 @@ from peloton.api.pool_service import PoolService
 from peloton.api.sweep_service import SweepService
 from peloton.api.watches import WatchQuotas
 from peloton.config import ServerConfig
+from peloton.console.build import build_console
+from peloton.console.build import check_exposure as check_console_exposure
+from peloton.console.web import ConsoleServer
 from peloton.core.states import JobState, TaskState
 from peloton.elastic.endpoints import Endpoints, default_host
 from peloton.elastic.metrics import ElasticMetrics
@@ -238,6 +241,8 @@ class Server:
         self.sweeps: SweepController | None = None
         self.grpc_port = 0
         self.metrics_port = 0
+        self.console_port = 0  # 0: no console served
+        self._console: ConsoleServer | None = None
         self._grpc: GrpcServer | None = None
         self._probe: DatabaseProbe | None = None
         self._metrics_http: object | None = None
@@ -256,6 +261,7 @@ class Server:
         # Checked first: an exposed daemon without authentication, or a certificate, key or
         # tokens file it cannot use, stops it before it opens anything.
         self._security = security = EdgeSecurity.from_config(self.config, self.metrics.registry)
+        check_console_exposure(self.config)
         # Read first: a run-as file that breaks a rule stops the daemon before it opens anything.
         run_as = run_as_policy(self.config.run_as_file, RunAsMetrics(self.metrics.registry))
         url = self.config.database_url
@@ -292,6 +298,7 @@ class Server:
         self._build_hosts(db, self.jobs, self.resmgr)
         self._register_state_gauges(db)
 
+        audit = AuditTrail(db, AuditMetrics(self.metrics.registry), self.config.daemon_id)
         self._grpc = GrpcServer(
             self.metrics,
             self.config.grpc_workers,
@@ -299,7 +306,7 @@ class Server:
             self.jobs.jobs_changed_after,
             self.jobs.newest_event,
             authenticate=security.authenticator,
-            audit=AuditTrail(db, AuditMetrics(self.metrics.registry), self.config.daemon_id),
+            audit=audit,
         )
         self.jobs.events.subscribe(self._grpc.watches.publish)
         server = self._grpc.server
@@ -308,9 +315,8 @@ class Server:
         authz = Authorizer(
             self.config.admin_principals, self.resmgr.pool_tree, AuthzMetrics(self.metrics.registry)
         )
-        job_pb2_grpc.add_JobServiceServicer_to_server(
-            JobService(self.jobs, self._grpc.watches, run_as, authz=authz), server
-        )
+        job_service = JobService(self.jobs, self._grpc.watches, run_as, authz=authz)
+        job_pb2_grpc.add_JobServiceServicer_to_server(job_service, server)
         pools = (
             LeaderPoolService(self.resmgr, authz, self.leads)
             if self.config.daemon_id
@@ -325,7 +331,7 @@ class Server:
                 authz,
                 self.hostmgr,
                 self.leads,
-                lambda: HostRegistry.as_stored(SqlHostStore(db), lambda: datetime.now(UTC)),
+                self._stored_hosts,
             )
             if self.config.daemon_id
             else HostService(self.hosts, self.jobs, authz, self.hostmgr)
@@ -351,6 +357,8 @@ class Server:
             raise Unavailable(f"cannot listen on {metrics_address}: {exc.strerror}") from exc
         self._metrics_http = http
         self.metrics_port = http.server_port
+        if self.config.console_enabled:
+            self._start_console(self._build_console(security, authz, audit, job_service, hosts))
 
         # Both ports are ours: rebuild the scheduling state, then take requests. With several
         # daemons only the leader schedules, from when it leads (_take_over); until then this
@@ -374,11 +382,68 @@ class Server:
             extra={
                 "grpc": f"{self.config.grpc_host}:{self.grpc_port}",
                 "metrics": f"{self.config.metrics_host}:{self.metrics_port}",
+                "console": self.console_address,
                 "database": db.dialect,
             },
         )
         if not self.config.mesos_master:
             log.warning("no Mesos master configured (mesos_master): jobs wait, nothing launches")
+
+    def _build_console(
+        self,
+        security: EdgeSecurity,
+        authz: Authorizer,
+        audit: AuditTrail,
+        job_service: JobService,
+        host_service: HostService,
+    ) -> ConsoleServer:
+        assert self.db is not None and self.jobs is not None and self.resmgr is not None
+        assert self.hosts is not None
+        registry = self.hosts
+
+        def hosts() -> HostRegistry:
+            # As the host API answers: a daemon that does not lead reads what the leader wrote.
+            return registry if self.leads() else self._stored_hosts()
+
+        return build_console(
+            self.config,
+            security,
+            self.metrics,
+            jobs=self.jobs,
+            resmgr=self.resmgr,
+            registry=registry,
+            hosts=hosts,
+            authz=authz,
+            audit=audit,
+            job_service=job_service,
+            host_service=host_service,
+            leads=self.leads,
+            db=self.db,
+        )
+
+    def _stored_hosts(self) -> HostRegistry:
+        """The hosts and what tasks hold on them as the database has them now (what a daemon
+        that does not lead answers with: Mesos tells only the leader)."""
+        assert self.db is not None
+        return HostRegistry.as_stored(SqlHostStore(self.db), lambda: datetime.now(UTC))
+
+    @property
+    def console_address(self) -> str | None:
+        """The console's URL (None: none is served)."""
+        if self._console is None or not self.console_port:
+            return None
+        return f"{self._console.scheme}://{self.config.console_host}:{self.console_port}"
+
+    def _start_console(self, console: ConsoleServer) -> None:
+        """Serve the console (its port is the daemon's as the metrics port is: one that cannot
+        be had stops the daemon, in one line)."""
+        c = self.config
+        try:
+            self.console_port = console.start(c.console_host, c.console_port)
+        except OSError as exc:
+            address = f"{c.console_host}:{c.console_port}"
+            raise Unavailable(f"cannot listen on {address}: {exc.strerror}") from exc
+        self._console = console
 
     def leads(self) -> bool:
         """Whether this daemon is the leader now: always without a daemon id (the only one)."""
@@ -592,6 +657,8 @@ class Server:
             self._elector.stop()
         if self._lease_db is not None:
             self._lease_db.dispose()
+        if self._console is not None:
+            self._console.stop()  # ends its event streams
         if self._grpc is not None:
             # Ends the watches; RPCs still running after grace are cancelled, and their
             # queries with them.

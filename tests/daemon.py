@@ -97,7 +97,8 @@ def in_process_server(
 ) -> Iterator[Server]:
     """A started daemon on loopback (ports picked by the OS) with ``pools`` (no reservations)
     and config ``options``, stopped when the block ends."""
-    config = ServerConfig(db_url=db_url, grpc_port=0, metrics_port=0, data_dir=data_dir, **options)
+    ports = {"grpc_port": 0, "metrics_port": 0, "console_port": 0}
+    config = ServerConfig(db_url=db_url, data_dir=data_dir, **(ports | options))
     server = Server(config)
     server.start()
     try:
@@ -162,11 +163,14 @@ class DaemonProcess:
         if port_file:
             cmd += ["--port-file", str(self.port_file)]
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("PELOTON_")}
+        # The console on a port of the kernel's too (a flag or ``env`` may say otherwise).
+        full_env["PELOTON_CONSOLE_PORT"] = "0"
         full_env.update(env or {})
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=full_env, cwd=workdir)
         self.grpc_port = 0
         self.metrics_port = 0
+        self.console_port = 0
 
     def __enter__(self) -> DaemonProcess:
         return self
@@ -188,7 +192,8 @@ class DaemonProcess:
         return address(self.grpc_port)
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> DaemonProcess:
-        """Wait for the port file (written once both ports listen); fail if the process exits."""
+        """Wait for the port file (written once both ports listen); fail if the process exits.
+        A daemon that is not ready in time is killed (the caller may not have kept it to close)."""
 
         def ready() -> bool:
             if self.port_file.exists():
@@ -200,9 +205,14 @@ class DaemonProcess:
                 )
             return False
 
-        wait_for(ready, timeout, "the daemon's port file")
-        grpc_port, metrics_port = self.port_file.read_text().split()
+        try:
+            wait_for(ready, timeout, "the daemon's port file")
+            grpc_port, metrics_port, console_port = self.port_file.read_text().split()
+        except BaseException:
+            self.close()
+            raise
         self.grpc_port, self.metrics_port = int(grpc_port), int(metrics_port)
+        self.console_port = int(console_port)
         return self
 
     def wait_exit(self, timeout: float) -> int:

@@ -10,8 +10,11 @@ writes a registry of images on it (see :data:`IMAGES`).
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from peloton.collective import bundle as runtime_bundle
@@ -99,16 +102,28 @@ def write_test_images(registry: Path, scratch: Path) -> Path:
     return registry
 
 
+@contextmanager
+def build_lock() -> Iterator[None]:
+    """Held while a test builds in the checkout's build/ (setup.py's C++ builds, ``make
+    images``): one build at a time, since the suite's processes side by side (``make test``'s
+    pytest-xdist workers) would otherwise write the same objects at once."""
+    (ROOT / "build").mkdir(exist_ok=True)
+    with (ROOT / "build" / ".tests-build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def setup_build(command: str, build_dir: Path) -> None:
     """Run one of setup.py's C++ build commands (incremental), as ``make`` does; the build's
     output shown if it fails or warns."""
-    build = subprocess.run(
-        [sys.executable, "setup.py", "-q", command, f"--build-dir={build_dir}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    with build_lock():
+        build = subprocess.run(
+            [sys.executable, "setup.py", "-q", command, f"--build-dir={build_dir}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=280,
+        )
     assert build.returncode == 0, f"{command} failed:\n{build.stdout}\n{build.stderr}"
     assert "warning:" not in build.stderr, build.stderr
 

@@ -653,6 +653,7 @@ def test_server_without_a_port_is_port_5392(tmp_path: Path) -> None:
         grpc_host=host,
         grpc_port=DEFAULT_PORT,
         metrics_port=0,
+        console_port=0,
         data_dir=tmp_path / "data",
     )
     server = Server(config)

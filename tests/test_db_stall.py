@@ -62,6 +62,7 @@ def test_a_silent_database_costs_unavailable_within_the_deadline_then_recovers(
             db_url=proxied,
             grpc_port=0,
             metrics_port=0,
+            console_port=0,
             data_dir=tmp_path,
             db_connect_timeout_seconds=1,
             db_probe_interval_seconds=0.1,

@@ -457,7 +457,8 @@ def test_the_readme_minicluster_example_runs(tmp_path: Path) -> None:
     script = script.removeprefix('cd "$(mktemp -d)"\n').replace("5050", port)
     script = script.replace(
         "--mesos-secret-file mesos-secret",
-        "--mesos-secret-file mesos-secret --grpc-port 0 --metrics-port 0 --log-format text",
+        "--mesos-secret-file mesos-secret --grpc-port 0 --metrics-port 0 --console-port 0 "
+        "--log-format text",
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PELOTON_")}
     env["PATH"] = f"{Path(PELOTON).parent}:{env['PATH']}"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from daemon import ROOT, free_port
+from images_support import build_lock
 from test_readme_using import MASTER_PORT, Shell, job_named, jobs_summary, wait_for_hosts
 
 from peloton.client import PelotonClient
@@ -42,6 +43,7 @@ def test_task_containers_run_as_written(tmp_path: Path) -> None:
         PATH=f"{venv_bin}:{env.get('PATH', '')}",  # the virtualenv active
         PELOTON_GRPC_PORT=str(grpc),
         PELOTON_METRICS_PORT=str(free_port()),
+        PELOTON_CONSOLE_PORT="0",
         PELOTON_SERVER=f"127.0.0.1:{grpc}",
     )
     client = PelotonClient(f"127.0.0.1:{grpc}", timeout=10)
@@ -51,7 +53,8 @@ def test_task_containers_run_as_written(tmp_path: Path) -> None:
         return jobs_summary(client)
 
     try:
-        out = shell.run(start.replace(MASTER_PORT, master), jobs)
+        with build_lock():  # `make images` builds the runtime bundle in build/
+            out = shell.run(start.replace(MASTER_PORT, master), jobs)
         assert "build/images/example:1.tar" in out, out
 
         # "Once `peloton host list` shows the five hosts"

@@ -5,8 +5,9 @@ without the virtualenv on PATH, with a fresh HOME, on SQLite and the examples' m
 Between blocks the test waits for what the README's text says to wait for (the hosts known, the
 sweep RUNNING, the sweep KILLED). The fixed ports the README uses are replaced by ports the kernel
 picked: the master's (``5050`` in the text) and the daemon's, given as ``PELOTON_GRPC_PORT``,
-``PELOTON_METRICS_PORT`` and ``PELOTON_SERVER`` (the README leaves them at their defaults). The
-PostgreSQL block names another host and is not run here (``make test`` covers PostgreSQL).
+``PELOTON_METRICS_PORT``, ``PELOTON_CONSOLE_PORT`` and ``PELOTON_SERVER`` (the README leaves them
+at their defaults). The PostgreSQL block names another host and is not run here (``make test``
+covers PostgreSQL).
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def shell_env(tmp_path: Path) -> tuple[Path, dict[str, str], int]:
     env.update(
         PELOTON_GRPC_PORT=str(grpc),
         PELOTON_METRICS_PORT=str(free_port()),
+        PELOTON_CONSOLE_PORT="0",
         PELOTON_SERVER=f"127.0.0.1:{grpc}",
     )
     return clone, env, grpc

@@ -185,18 +185,12 @@ class Authorizer:
     def check(self, method: str, *, pool: str = "", job: str = "", owner: str = "") -> None:
         """Raise PermissionDenied unless the caller may call ``method`` on ``pool`` (the pool
         the request names, or the job's: then ``job`` is its id and ``owner`` its owner)."""
+        denied = self._denied(method, pool, owner)
+        if denied is None:
+            return
+        target, needs = denied
         rule = RULES[method]
         caller = current_caller()
-        if caller.anonymous or rule.on is On.ANYONE:
-            return
-        assert rule.permission is not None, method
-        target = _target(rule.on, pool)
-        needs = rule.permission
-        if rule.owner_needs is not None and owner and owner == caller.name:
-            needs = rule.owner_needs
-        _, grants = self._grants()
-        if allows(caller, needs, target, grants, self._admins):
-            return
         if target == ROOT:
             why = "needs cluster admin"
         elif rule.on is On.PARENT:
@@ -213,6 +207,29 @@ class Authorizer:
             extra={"caller": str(caller), "method": method, "pool": target, "needs": str(needs)},
         )
         raise PermissionDenied(f"{caller} may not {action} ({why})")
+
+    def may(self, method: str, *, pool: str = "", owner: str = "") -> bool:
+        """Whether :meth:`check` would let the caller call ``method`` on ``pool``, without
+        counting or logging a refusal: what a page offers its caller (a button it greys out is
+        no refused call)."""
+        return self._denied(method, pool, owner) is None
+
+    def _denied(self, method: str, pool: str, owner: str) -> tuple[str, Permission] | None:
+        """None if the caller may call ``method`` on ``pool``; else the pool whose permission
+        it lacks, and the permission it needs there."""
+        rule = RULES[method]
+        caller = current_caller()
+        if caller.anonymous or rule.on is On.ANYONE:
+            return None
+        assert rule.permission is not None, method
+        target = _target(rule.on, pool)
+        needs = rule.permission
+        if rule.owner_needs is not None and owner and owner == caller.name:
+            needs = rule.owner_needs
+        _, grants = self._grants()
+        if allows(caller, needs, target, grants, self._admins):
+            return None
+        return target, needs
 
     def check_job(self, method: str, job: JobRecord) -> None:
         """:meth:`check` for an RPC on ``job``."""

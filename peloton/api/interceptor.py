@@ -126,7 +126,9 @@ class MalformedLog:
         )
 
 
-def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status code and details a call that raised ``exc`` ends with (every API edge, gRPC
+    or the web console, answers an error alike)."""
     for kind, code in CODES.items():
         if isinstance(exc, kind):
             return code, str(exc)
@@ -181,7 +183,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 
     async def _fail(self, method: str, exc: Exception, context: Context, started: float) -> None:
         """Count the failure and end the RPC with its status (context.abort raises)."""
-        code, message = _status(exc)
+        code, message = status_of(exc)
         if code == grpc.StatusCode.INTERNAL:
             log.error("rpc failed", exc_info=exc, extra={"method": method})
         else:
@@ -205,7 +207,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         if self._audit is None:
             return
         future = asyncio.get_running_loop().run_in_executor(
-            self._executor, _audited, self._audit, outcome
+            self._executor, record_audit, self._audit, outcome
         )
         if wait:
             await future
@@ -269,7 +271,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 # the event loop to a worker for the record (each waits for the interpreter).
                 if once.claim() and self._audit is not None:
                     ok = Outcome(full, caller, peer, request, grpc.StatusCode.OK, "", began)
-                    _audited(self._audit, ok)
+                    record_audit(self._audit, ok)
 
             # grpc sends an abort's status at once: the outcome is recorded before, so that a
             # refused call, like any other, is answered once the trail holds it.
@@ -398,8 +400,8 @@ class _RecordedAbort:
         return getattr(self._context, name)
 
 
-def _audited(audit: Audit, outcome: Outcome) -> None:
-    """Record ``outcome``; a trail that fails is logged, never the RPC's failure."""
+def record_audit(audit: Audit, outcome: Outcome) -> None:
+    """Record ``outcome``; a trail that fails is logged, never the call's failure."""
     try:
         audit(outcome)
     except Exception:

@@ -20,7 +20,8 @@ from peloton.logs import setup_logging
     "--port-file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Write 'GRPC_PORT METRICS_PORT' here once listening (for scripts using port 0).",
+    help="Write 'GRPC_PORT METRICS_PORT CONSOLE_PORT' here once listening (for scripts using "
+    "port 0; CONSOLE_PORT 0: no console).",
 )
 def server(port_file: Path | None, **options: Any) -> None:
     """Run the peloton daemon until SIGTERM or SIGINT.
@@ -51,7 +52,7 @@ def _announce_ports(daemon: Any, port_file: Path) -> None:
     def start_and_write() -> None:
         start()
         tmp = port_file.with_suffix(".tmp")
-        tmp.write_text(f"{daemon.grpc_port} {daemon.metrics_port}\n")
+        tmp.write_text(f"{daemon.grpc_port} {daemon.metrics_port} {daemon.console_port}\n")
         tmp.replace(port_file)  # atomic: readers never see half a file
 
     daemon.start = start_and_write

@@ -238,6 +238,22 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class QueuedGang:
+    """One waiting gang as the console shows it (:meth:`ResourceManager.queue`)."""
+
+    job_id: str
+    position: int  # in its pool's admission order, 1 = next
+    size: int  # tasks
+    total: Resources
+    reason: str  # the words `peloton job get` shows ("" before a cycle said why)
+    message: str
+    waiting_since: datetime
+    # Reserved gangs (BACKFILL, LAS): when they are expected to start and where (None: unknown).
+    reserved_start: datetime | None = None
+    reserved_where: str | None = None
+
+
+@dataclass(frozen=True)
 class Usage:
     """What each leaf pool's jobs hold (pools holding nothing left out), and in all."""
 
@@ -561,6 +577,36 @@ class ResourceManager:
     def statuses(self) -> Mapping[str, PoolStatus]:
         with self._lock:
             return dict(self._current_statuses())
+
+    def queue(self) -> dict[str, list[QueuedGang]]:
+        """Every leaf pool's waiting gangs in the order the next cycle would consider them, each
+        with why it waits as last said; read-only (no cycle runs, nothing is written)."""
+        with self._lock:
+            now = self._clock()
+            out: dict[str, list[QueuedGang]] = {}
+            for pool, waiting in self._queues().items():
+                if not self._tree.is_leaf(pool):
+                    continue  # the next cycle fails these
+                ordered = admission.order(waiting, self._tree.get(pool).queue_policy, now)
+                out[pool] = [self._queued(i, w) for i, w in enumerate(ordered, 1)]
+            return out
+
+    def _queued(self, position: int, w: Waiting) -> QueuedGang:
+        view = self._views[w.key]
+        reason, message = self._reasons.get(w.key, (view.job.reason, view.job.message))
+        spot = self._spots.get(w.key)
+        start = spot[0] if spot is not None and math.isfinite(spot[0]) else None
+        return QueuedGang(
+            job_id=w.key,
+            position=position,
+            size=w.size,
+            total=w.total,
+            reason=reason,
+            message=message,
+            waiting_since=datetime.fromtimestamp(view.pending_since, UTC),
+            reserved_start=None if start is None else datetime.fromtimestamp(start, UTC),
+            reserved_where=spot[2] if spot is not None else None,
+        )
 
     def _unfinished_by_pool(self) -> dict[str, int]:
         return self._pools.unfinished_jobs_by_pool()
