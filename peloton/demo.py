@@ -116,10 +116,14 @@ class Progress:
     """Prints a line whenever the job's state, a task's state or host, or a worker's newest
     logged loss changes."""
 
-    def __init__(self, client: PelotonClient, job_id: str, racks: dict[str, str]) -> None:
+    def __init__(
+        self, client: PelotonClient, job_id: str, racks: dict[str, str], console: str
+    ) -> None:
         self.client = client
         self.job_id = job_id
         self.racks = racks
+        self.console = console
+        self.drawn = False  # the console's cluster page was shown holding the running gang
         # By (instance, attempt): how much of its stdout was read, and its unfinished last line.
         self.offsets: dict[tuple[int, int], int] = {}
         self.partial: dict[tuple[int, int], bytes] = {}
@@ -170,7 +174,28 @@ class Progress:
             print(f"[{time.monotonic() - self.start:5.1f}s] {line}", flush=True)
             for cell in cells:
                 print(f"          {cell}", flush=True)
+        if job.state == job_pb2.JOB_STATE_RUNNING and not self.drawn:
+            self.drawn = self._show_console()
         return job
+
+    def _show_console(self) -> bool:
+        """Print which GPUs the console's cluster page draws the gang on, once it draws every
+        task (False until then)."""
+        url = f"{self.console}/api/v1/cluster"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            cluster = json.load(response)
+        held = {
+            host["hostname"]: [g["index"] for g in host["gpus"] if g["job_id"] == self.job_id]
+            for rack in cluster["racks"]
+            for host in rack["hosts"]
+        }
+        drawn = {host: gpus for host, gpus in held.items() if gpus}
+        if sum(len(gpus) for gpus in drawn.values()) < WORKERS:
+            return False
+        where = ", ".join(f"{h} GPUs {','.join(map(str, g))}" for h, g in sorted(drawn.items()))
+        print(f"$ curl -s {url}   (what {self.console}/#/cluster draws)", flush=True)
+        print(f"          the gang holds {where}", flush=True)
+        return True
 
     def until_done(self) -> job_pb2.Job:
         deadline = time.monotonic() + JOB_TIMEOUT
@@ -272,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
 
         say("5. Watch it: job and task states, where each rank runs, each worker's loss")
         with PelotonClient(env["PELOTON_SERVER"], timeout=10) as client:
-            job = Progress(client, job_id, racks_of_agents()).until_done()
+            job = Progress(client, job_id, racks_of_agents(), console).until_done()
         run("task", "list", job_id, env=env)
         if job.state != job_pb2.JOB_STATE_SUCCEEDED:
             run("job", "get", job_id, env=env)

@@ -79,6 +79,11 @@ def test_demo_trains_on_a_gang_and_leaves_nothing_running(tmp_path: Path) -> Non
     for rank in range(4):
         assert re.search(rf"rank {rank} SUCCEEDED on gpu-r\d-1 \(rack r\d\): step 300", out.stdout)
     assert "(rack r1)" in out.stdout and "(rack r2)" in out.stdout
+    # The web console's address, the job's page, and the gang on its GPUs as the console drew it.
+    console = re.search(r"web console: (http://127\.0\.0\.1:\d+)\n", out.stdout)
+    assert console is not None, out.stdout
+    assert f"console: {console.group(1)}/#/jobs/{job_id}" in out.stdout
+    assert re.search(r"the gang holds gpu-r\d-1 GPUs \d,\d, gpu-r\d-1 GPUs \d,\d\n", out.stdout)
     # The commands it shows are the real CLI's output.
     for shown in ("peloton pool tree", "peloton host list", "peloton task logs", "/metrics"):
         assert shown in out.stdout
