@@ -21,12 +21,12 @@ from peloton.api import limits
 from peloton.client import ClientError, PelotonClient
 from peloton.errors import InvalidArgument
 from peloton.server import Server
-from peloton.v1 import host_pb2, job_pb2, job_pb2_grpc, pool_pb2
+from peloton.v1 import audit_pb2, host_pb2, job_pb2, job_pb2_grpc, pool_pb2, sweep_pb2
 
 # Every unary and server-streaming RPC of the public API: (path, request class, streaming).
 RPCS = [
     (f"/{service.full_name}/{method.name}", method.input_type, method.server_streaming)
-    for module in (job_pb2, pool_pb2, host_pb2)
+    for module in (job_pb2, pool_pb2, host_pb2, audit_pb2, sweep_pb2)
     for service in module.DESCRIPTOR.services_by_name.values()
     for method in service.methods
 ]
@@ -420,3 +420,14 @@ def test_an_unsigned_number_past_what_the_database_stores_is_refused_naming_the_
         f"is more than {2**63 - 1}",
     )
     limits.check_request(job_pb2.WatchJobRequest(job_id="j", after_sequence=2**63 - 1))
+
+
+def test_a_time_that_is_no_time_is_refused_naming_the_field(channel: grpc.Channel) -> None:
+    # Found by the fuzz test above: a Timestamp's nanos out of range failed INTERNAL.
+    request = audit_pb2.ListAuditRecordsRequest()
+    request.until.nanos = -1
+    path = "/peloton.v1.AuditService/ListAuditRecords"
+    with pytest.raises(grpc.RpcError) as refused:
+        channel.unary_unary(path)(request.SerializeToString(), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith("until: is not a valid time"), refused.value.details()

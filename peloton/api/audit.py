@@ -262,8 +262,8 @@ class AuditService(audit_pb2_grpc.AuditServiceServicer):
 def audit_filter(request: audit_pb2.ListAuditRecordsRequest) -> repo.AuditFilter:
     """The request's filters, checked: INVALID_ARGUMENT names a field that is no method or
     status code, or an empty time range."""
-    since = request.since.ToDatetime(UTC) if request.HasField("since") else None
-    until = request.until.ToDatetime(UTC) if request.HasField("until") else None
+    since = convert.request_time("since", request.since) if request.HasField("since") else None
+    until = convert.request_time("until", request.until) if request.HasField("until") else None
     if since is not None and until is not None and until <= since:
         raise InvalidArgument("until", "must be after since")
     return repo.AuditFilter(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -21,6 +21,15 @@ def timestamp(value: datetime | None) -> Timestamp | None:
     ts = Timestamp()
     ts.FromDatetime(value)
     return ts
+
+
+def request_time(field: str, value: Timestamp) -> datetime:
+    """A request's timestamp as a UTC datetime; INVALID_ARGUMENT naming ``field`` for one that
+    is no time (nanos outside 0..999,999,999, seconds outside years 1 to 9999)."""
+    try:
+        return value.ToDatetime(UTC)
+    except (ValueError, OverflowError) as exc:
+        raise InvalidArgument(field, f"is not a valid time: {exc}") from None
 
 
 def job_state_pb(state: JobState) -> job_pb2.JobState.ValueType:
