@@ -287,8 +287,10 @@ class ConsoleServer:
         gauge.inc()
         try:
             with self.feed.stream() as batches:
-                # Subscribed: what changes from now on is sent (tests wait for this line).
-                handler.write_event(": connected\n\n")
+                # Subscribed: what changes from now on is sent (tests wait for the comment). The
+                # event tells the page to fetch again what it drew before it subscribed: a
+                # change between its first fetch and this point would otherwise wait for the next.
+                handler.write_event(": connected\n\nevent: connected\ndata: {}\n\n")
                 for batch in batches:
                     handler.write_event(self._event(caller, batch))
         except (OSError, ValueError):
