@@ -8,6 +8,7 @@ a cluster admin, ``alice`` may view /research, ``bob`` may view nothing.
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import time
@@ -169,6 +170,18 @@ def test_bad_requests_name_what_is_wrong(idle: ConsoleDaemon) -> None:
         assert field in answer.body["error"], (path, answer.body)
     unknown = call(idle.url, "POST", "/api/v1/jobs/no-such-job/kill", token=OPS, headers=CSRF)
     assert (unknown.status, unknown.body["code"]) == (404, "NOT_FOUND")
+    # What the HTTP library answers itself is JSON too: a method no route takes, a request
+    # line it cannot read.
+    put = call(idle.url, "PUT", "/api/v1/jobs", token=OPS, headers=CSRF)
+    assert (put.status, put.body["code"]) == (400, "INVALID_ARGUMENT"), put.body
+    assert put.body["error"].startswith("method: PUT is not served"), put.body
+    with socket.create_connection(("127.0.0.1", idle.server.console_port), timeout=30) as raw:
+        raw.sendall(b"NONSENSE\r\n\r\n")
+        answer = raw.makefile("rb").read()
+    # (A line that is no HTTP request gets the body alone, as HTTP/0.9 would.)
+    refused = json.loads(answer.split(b"\r\n\r\n")[-1])
+    assert refused["code"] == "INVALID_ARGUMENT", answer
+    assert refused["error"].startswith("request: "), answer
 
 
 # ---------------------------------------------------------------- reads

@@ -135,10 +135,22 @@ class _Handler(BaseHTTPRequestHandler):
             secure=isinstance(self.request, ssl.SSLSocket),
         )
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """What the library answers itself (a method no route takes, a request line or header
+        it cannot read) is JSON like every other answer, and ends the connection."""
+        self.close_connection = True
+        if code == 501:  # the library's answer to a method no do_* serves
+            code, why = 400, f"method: {self.command} is not served (GET, POST or DELETE)"
+        else:
+            why = f"request: {message or explain or 'cannot be read'}"
+        status = grpc.StatusCode.INVALID_ARGUMENT if code < 500 else grpc.StatusCode.INTERNAL
+        self.answer(Response(code, error_body(status, why), code=status))
+
     def answer(self, response: Response) -> None:
         """Send a JSON answer, gzip-compressed where the client accepts it."""
         encoded = response.encoded or Encoded(response.body)
-        accepted = self.headers.get("Accept-Encoding", "")
+        headers = getattr(self, "headers", None)  # None: the request's could not be read
+        accepted = headers.get("Accept-Encoding", "") if headers is not None else ""
         packed = encoded.gzipped() if "gzip" in accepted else None
         body = packed if packed is not None else encoded.plain
         self.send_response(response.status)
